@@ -1,0 +1,38 @@
+"""switchml-emu: a software SwitchML switch.
+
+``swemu.wire`` (the packet codec) and ``swemu.proto`` (the gRPC stubs) are the
+protocol, shared with the host library; everything else here is the emulator.
+Heavy modules (Numba kernels, the server) load lazily, so that importing the
+codec stays cheap.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "serve": "swemu.server",
+    "Emulator": "swemu.server",
+    "SwitchEngine": "swemu.engine",
+    "EngineConfig": "swemu.engine",
+    "Batch": "swemu.engine",
+    "Action": "swemu.engine",
+    "RegistrationError": "swemu.engine",
+}
+
+if TYPE_CHECKING:
+    from .engine import Action, Batch, EngineConfig, RegistrationError, SwitchEngine
+    from .server import Emulator, serve
+
+__all__ = [*_LAZY, "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'swemu' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

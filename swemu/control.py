@@ -1,0 +1,201 @@
+"""gRPC control plane (PROTOCOL.md §5) on grpc.aio: Session.UdpSession, Sync.*.
+
+A thin adapter: every rule of registration lives in
+:meth:`swemu.engine.SwitchEngine.register`; this module turns requests into
+calls and :class:`~swemu.engine.RegistrationError` into gRPC status codes.
+Barrier and Broadcast are rendezvous helpers kept here because they only
+involve waiting callers, never switch state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from .engine import RegistrationError, SwitchEngine
+from .proto import switchml_pb2 as pb
+from .proto import switchml_pb2_grpc as pb_grpc
+
+log = logging.getLogger("swemu.control")
+
+
+def _peer_ipv4(context: grpc.aio.ServicerContext) -> int:
+    """The IPv4 address of a gRPC peer (``ipv4:1.2.3.4:5``), or 0 if not IPv4."""
+    peer = context.peer() or ""
+    if peer.startswith("ipv4:"):
+        host = peer[5:].rsplit(":", 1)[0]
+        with contextlib.suppress(ValueError):
+            return int(ipaddress.IPv4Address(host))
+    if peer.startswith("ipv6:") and "::ffff:" in peer:
+        host = peer.split("::ffff:", 1)[1].split("]", 1)[0]
+        with contextlib.suppress(ValueError):
+            return int(ipaddress.IPv4Address(host))
+    return 0
+
+
+class SessionService(pb_grpc.SessionServicer):
+    """UdpSession: registers workers in the engine; RdmaSession is not emulated."""
+
+    def __init__(
+        self,
+        engine: SwitchEngine,
+        *,
+        switch_ipv4: int,
+        switch_mac: int,
+        data_ports: list[int] | None = None,
+        clock: Callable[[], float],
+        on_register: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.switch_ipv4 = switch_ipv4
+        self.switch_mac = switch_mac
+        self.data_ports = list(data_ports or [])
+        self.clock = clock
+        self.on_register = on_register
+
+    async def UdpSession(  # noqa: N802 (gRPC method name)
+        self, request: pb.UdpSessionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UdpSessionResponse:
+        ipv4 = request.ipv4 or _peer_ipv4(context)
+        try:
+            job = self.engine.register(
+                session_id=request.session_id,
+                rank=request.rank,
+                num_workers=request.num_workers,
+                ipv4=ipv4,
+                udp_port=request.udp_port,
+                packet_size=int(request.packet_size),
+                pool_size=request.pool_size,
+                now=self.clock(),
+            )
+        except RegistrationError as exc:
+            log.info("refused UdpSession(session=%d rank=%d): %s",
+                     request.session_id, request.rank, exc.message)  # fmt: skip
+            await context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
+            raise  # unreachable: abort raises
+        log.info(
+            "session %d: rank %d/%d at %s:%d (size code %d, pool %d)",
+            job.session_id, request.rank, job.num_workers,
+            ipaddress.IPv4Address(ipv4), request.udp_port, job.size_code, job.pool_size,
+        )  # fmt: skip
+        if self.on_register is not None:
+            self.on_register(job.session_id, request.rank)
+        return pb.UdpSessionResponse(
+            session_id=request.session_id,
+            mac=self.switch_mac,
+            ipv4=self.switch_ipv4,
+            data_ports=self.data_ports,
+        )
+
+
+@dataclass
+class _Round:
+    """One rendezvous generation: who has arrived, and the future they wait on."""
+
+    needed: int
+    arrived: set = field(default_factory=set)
+    done: asyncio.Future | None = None
+
+
+class SyncService(pb_grpc.SyncServicer):
+    """Barrier and Broadcast, global as in p4app-switchML or scoped by session_id."""
+
+    def __init__(self) -> None:
+        self._barriers: dict[int, list[_Round]] = {}
+        self._broadcasts: dict[int, list[_Round]] = {}
+        self._barrier_seq = 0
+
+    @staticmethod
+    def _join(rounds: list[_Round], needed: int, who: object) -> _Round:
+        for rnd in rounds:
+            if who not in rnd.arrived:
+                break
+        else:
+            rnd = _Round(needed)
+            rnd.done = asyncio.get_running_loop().create_future()
+            rounds.append(rnd)
+        rnd.arrived.add(who)
+        return rnd
+
+    async def Barrier(  # noqa: N802
+        self, request: pb.BarrierRequest, context: grpc.aio.ServicerContext
+    ) -> pb.BarrierResponse:
+        if request.num_workers == 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "num_workers must be positive")
+        rounds = self._barriers.setdefault(request.session_id, [])
+        self._barrier_seq += 1
+        me = self._barrier_seq  # barrier callers are anonymous: each call is distinct
+        rnd = self._join(rounds, request.num_workers, me)
+        if len(rnd.arrived) >= rnd.needed:
+            rounds.remove(rnd)
+            rnd.done.set_result(None)
+        try:
+            await asyncio.shield(rnd.done)
+        except asyncio.CancelledError:
+            if not rnd.done.done():
+                rnd.arrived.discard(me)  # a caller that went away no longer counts
+            raise
+        return pb.BarrierResponse()
+
+    async def Broadcast(  # noqa: N802
+        self, request: pb.BroadcastRequest, context: grpc.aio.ServicerContext
+    ) -> pb.BroadcastResponse:
+        if request.num_workers == 0 or request.rank >= request.num_workers:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"rank {request.rank} / num_workers {request.num_workers} is not a valid pair",
+            )
+        if request.root >= request.num_workers:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"root {request.root} must be below num_workers {request.num_workers}",
+            )
+        rounds = self._broadcasts.setdefault(request.session_id, [])
+        rnd = self._join(rounds, request.num_workers, request.rank)
+        if request.rank == request.root and not rnd.done.done():
+            rnd.done.set_result(request.value)
+        if len(rnd.arrived) >= rnd.needed and rnd in rounds:
+            rounds.remove(rnd)  # everyone has arrived: the next call starts a new round
+        try:
+            value = await asyncio.shield(rnd.done)
+        except asyncio.CancelledError:
+            if not rnd.done.done():
+                rnd.arrived.discard(request.rank)
+            raise
+        return pb.BroadcastResponse(value=value)
+
+    def cancel_all(self, why: str) -> None:
+        """Fail every waiting call (server shutdown)."""
+        for table in (self._barriers, self._broadcasts):
+            for rounds in table.values():
+                for rnd in rounds:
+                    if rnd.done is not None and not rnd.done.done():
+                        rnd.done.set_exception(ConnectionAbortedError(why))
+            table.clear()
+
+
+async def start_control_server(
+    host: str, port: int, services: tuple[SessionService, SyncService], extra: list = ()
+) -> tuple[grpc.aio.Server, int]:
+    """Start a grpc.aio server with the services; return it and its bound port."""
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    session, sync = services
+    pb_grpc.add_SessionServicer_to_server(session, server)
+    pb_grpc.add_SyncServicer_to_server(sync, server)
+    for add in extra:
+        add(server)
+    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        bound = server.add_insecure_port(target)
+    except RuntimeError as exc:
+        raise OSError(f"cannot listen for gRPC on {target}: {exc}") from None
+    if bound == 0:
+        raise OSError(f"cannot listen for gRPC on {target} (address in use?)")
+    await server.start()
+    return server, bound

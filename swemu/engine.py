@@ -1,0 +1,477 @@
+"""The switch as a sans-IO state machine: jobs, registrations, batches of packets.
+
+Theory of operation
+-------------------
+The engine never opens a socket, sleeps or reads the clock: time is a parameter.
+A caller (the asyncio server, a test's in-memory fabric, a benchmark) feeds it
+
+* control-plane calls: :meth:`SwitchEngine.register` (PROTOCOL.md §5 UdpSession)
+  and :meth:`SwitchEngine.release`;
+* data-plane batches: :meth:`SwitchEngine.process` takes a :class:`Batch`
+  (rows of received datagrams with their source addresses as integers) and
+  fills the batch's output arrays: per row an :class:`Action` (what happened
+  and why) and at most one result packet, plus a list of destinations;
+* timers: :meth:`SwitchEngine.get_timer` / :meth:`SwitchEngine.handle_timer`
+  release jobs idle for longer than ``idle_timeout``.
+
+All per-packet work happens in :func:`swemu.kernels._process_batch`, on
+arrays this class owns. The switch state is a structure of arrays: a job table
+indexed by job number ``j`` (workers W, pool size P, size code), per-job pools
+(``values[j]``, ``exps[j]``, ``bitmap[j]``, ``count[j]``) and a sorted table of
+worker addresses ``(ip << 16 | port) -> j * 32 + worker id``.
+
+The per-packet decision of §2, as the kernel and the P4 ``next_step`` control
+encode it (``retx`` = the worker's bit was already set in this set's bitmap)::
+
+    retx  last  count==0 | aggregation      next step         Action
+    ----  ----  -------- | ---------------  ----------------  ------------------
+    no    no    -        | write or add     nothing           AGGREGATED
+    no    yes   -        | write or add     multicast         MULTICAST
+    yes   -     no       | nothing          nothing           RETRANSMIT_PENDING
+    yes   -     yes      | nothing          unicast to sender UNICAST
+
+"write" when the set's bitmap was empty before this packet (the set was
+released), "add" (and max-reduce the exponents) otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+
+from . import kernels as K
+from .wire import (
+    MAX_PACKET_LEN,
+    MAX_SLOTS,
+    MAX_WORKERS,
+    int_to_ipv4,
+    values_per_packet,
+)
+
+
+class Action(IntEnum):
+    """What the switch did with one received packet (the kernel's A_* codes)."""
+
+    DROP_UNKNOWN_SOURCE = K.A_DROP_UNKNOWN_SOURCE
+    DROP_MALFORMED = K.A_DROP_MALFORMED
+    DROP_WRONG_SIZE = K.A_DROP_WRONG_SIZE
+    DROP_SLOT_RANGE = K.A_DROP_SLOT_RANGE
+    AGGREGATED = K.A_AGGREGATED
+    MULTICAST = K.A_MULTICAST
+    RETRANSMIT_PENDING = K.A_RETRANSMIT_PENDING
+    UNICAST = K.A_UNICAST
+
+
+JOB_COUNTER_NAMES = (
+    "pkts_in", "bytes_in", "aggregated", "multicast", "unicast", "retransmissions",
+    "pkts_out", "bytes_out", "drop_malformed", "drop_wrong_size", "drop_slot_range",
+)  # fmt: skip
+WORKER_COUNTER_NAMES = ("pkts_in", "retransmissions", "last", "drops")
+GLOBAL_COUNTER_NAMES = ("pkts_in", "drop_unknown_source")
+assert len(JOB_COUNTER_NAMES) == K.N_JOB_COUNTERS
+assert len(WORKER_COUNTER_NAMES) == K.N_WORKER_COUNTERS
+assert len(GLOBAL_COUNTER_NAMES) == K.N_GLOBAL_COUNTERS
+
+
+class RegistrationError(Exception):
+    """A refused control-plane request; ``code`` names the gRPC status to answer."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code  # "INVALID_ARGUMENT" or "RESOURCE_EXHAUSTED"
+        self.message = message
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Limits of the switch; defaults follow PROTOCOL.md §6."""
+
+    pool_size: int = MAX_SLOTS  # the most slots one job may take (also the default)
+    max_workers: int = MAX_WORKERS
+    max_jobs: int = 256
+    max_pool_memory: int = 1 << 30  # bytes of pool state over all jobs
+    idle_timeout: float | None = None  # seconds without packets before a job is freed
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.pool_size <= MAX_SLOTS:
+            raise ValueError(f"pool size must be in 1..{MAX_SLOTS}, got {self.pool_size}")
+        if not 1 <= self.max_workers <= MAX_WORKERS:
+            raise ValueError(f"max workers must be in 1..{MAX_WORKERS}, got {self.max_workers}")
+        if self.max_jobs < 1:
+            raise ValueError("max jobs must be at least 1")
+        if self.max_pool_memory < 0:
+            raise ValueError("max pool memory must not be negative")
+        if self.idle_timeout is not None and self.idle_timeout <= 0:
+            raise ValueError("idle timeout must be positive (or None to disable)")
+
+
+def pool_bytes(pool_size: int, size_code: int) -> int:
+    """Memory a job's pool takes: values, exponents, bitmaps and counts of both sets."""
+    n = values_per_packet(size_code)
+    return 2 * pool_size * (4 * n + 2 + 4 + 4)
+
+
+@dataclass
+class Job:
+    """A registered session: its parameters and its workers' addresses."""
+
+    session_id: int
+    index: int
+    num_workers: int
+    size_code: int
+    pool_size: int
+    created: float
+    workers: dict[int, tuple[int, int]] = field(default_factory=dict)  # rank -> (ip, port)
+
+    @property
+    def memory(self) -> int:
+        return pool_bytes(self.pool_size, self.size_code)
+
+
+class Batch:
+    """Preallocated input and output arrays of one data-plane batch.
+
+    Fill rows with :meth:`add` (or write ``buf``/``lens``/``ip``/``port``
+    directly and set ``n``), call :meth:`SwitchEngine.process`, then read
+    ``action[:n]`` and the results: destination ``d`` gets
+    ``out_buf[dest_row[d], :out_len[dest_row[d]]]`` at ``(dest_ip[d], dest_port[d])``.
+    """
+
+    def __init__(self, capacity: int = 64, max_len: int = MAX_PACKET_LEN) -> None:
+        if capacity < 1:
+            raise ValueError("batch capacity must be at least 1")
+        self.capacity = capacity
+        self.buf = np.zeros((capacity, max_len), np.uint8)
+        self.lens = np.zeros(capacity, np.int32)
+        self.ip = np.zeros(capacity, np.uint32)
+        self.port = np.zeros(capacity, np.int32)
+        self.n = 0
+        self.action = np.zeros(capacity, np.int32)
+        self.out_buf = np.zeros((capacity, max_len), np.uint8)
+        self.out_len = np.zeros(capacity, np.int32)
+        self.out_job = np.zeros(capacity, np.int32)
+        self.dest_row = np.zeros(capacity * MAX_WORKERS, np.int32)
+        self.dest_ip = np.zeros(capacity * MAX_WORKERS, np.uint32)
+        self.dest_port = np.zeros(capacity * MAX_WORKERS, np.int32)
+        self.n_dest = 0
+
+    def add(self, data: bytes | bytearray | memoryview, ip: int, port: int) -> bool:
+        """Append one datagram (truncated to the row length); return True when full."""
+        r = self.n
+        m = min(len(data), self.buf.shape[1])
+        self.buf[r, :m] = np.frombuffer(data, np.uint8, count=m)
+        # a datagram longer than any packet is malformed whatever it holds
+        self.lens[r] = len(data) if len(data) <= self.buf.shape[1] else self.buf.shape[1] + 1
+        self.ip[r] = ip
+        self.port[r] = port
+        self.n = r + 1
+        return self.n == self.capacity
+
+    def results(self) -> list[tuple[bytes, tuple[int, int]]]:
+        """The packets to send as ``(bytes, (ip, port))``, for tests and slow paths."""
+        out = []
+        for d in range(self.n_dest):
+            r = int(self.dest_row[d])
+            out.append(
+                (self.out_buf[r, : self.out_len[r]].tobytes(),
+                 (int(self.dest_ip[d]), int(self.dest_port[d])))
+            )  # fmt: skip
+        return out
+
+
+class SwitchEngine:
+    """The emulated switch: job table, pools, address table and counters."""
+
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        self.config = config or EngineConfig()
+        mj = self.config.max_jobs
+        self.job_workers = np.zeros(mj, np.int32)
+        self.job_pool = np.zeros(mj, np.int32)
+        self.job_code = np.full(mj, -1, np.int32)
+        self.job_last_seen = np.zeros(mj, np.float64)
+        self.dst_ip = np.zeros((mj, MAX_WORKERS), np.uint32)
+        self.dst_port = np.full((mj, MAX_WORKERS), -1, np.int32)
+        self.job_counters = np.zeros((mj, K.N_JOB_COUNTERS), np.int64)
+        self.worker_counters = np.zeros((mj, MAX_WORKERS, K.N_WORKER_COUNTERS), np.int64)
+        self.global_counters = np.zeros(K.N_GLOBAL_COUNTERS, np.int64)
+        self.values = K.make_list(K.VALUES_T)
+        self.exps = K.make_list(K.EXPS_T)
+        self.bitmap = K.make_list(K.BITMAP_T)
+        self.count = K.make_list(K.COUNT_T)
+        for _ in range(mj):
+            self.values.append(np.zeros(0, np.uint32))
+            self.exps.append(np.zeros(0, np.int8))
+            self.bitmap.append(np.zeros(0, np.uint32))
+            self.count.append(np.zeros(0, np.int32))
+        self.addr_keys = np.zeros(0, np.uint64)
+        self.addr_vals = np.zeros(0, np.int32)
+        self._addr: dict[int, tuple[int, int]] = {}  # key -> (job index, worker id)
+        self.jobs: dict[int, Job] = {}  # session_id -> Job
+        self._by_index: dict[int, Job] = {}
+        self._free = list(range(mj - 1, -1, -1))
+        self.released: dict[str, int] = {"replaced": 0, "idle": 0, "explicit": 0}
+
+    # ------------------------------------------------------------------ control
+    @property
+    def memory_in_use(self) -> int:
+        return sum(job.memory for job in self.jobs.values())
+
+    def register(
+        self,
+        *,
+        session_id: int,
+        rank: int,
+        num_workers: int,
+        ipv4: int,
+        udp_port: int = 0,
+        packet_size: int = 1,
+        pool_size: int = 0,
+        now: float = 0.0,
+    ) -> Job:
+        """Register worker ``rank`` of a session (PROTOCOL.md §5 UdpSession).
+
+        Rank 0 replaces the session (fresh pool, parameters fixed); other ranks
+        must agree with rank 0's parameters. Raises :class:`RegistrationError`.
+        """
+        cfg = self.config
+        bad = "INVALID_ARGUMENT"
+        if session_id == 0:
+            raise RegistrationError(bad, "session_id must be non-zero")
+        if not 0 <= packet_size <= 7:
+            raise RegistrationError(bad, f"packet_size {packet_size} is not a size code 0..7")
+        if not 1 <= num_workers <= cfg.max_workers:
+            raise RegistrationError(
+                bad, f"num_workers {num_workers} must be in 1..{cfg.max_workers}"
+            )
+        if not 0 <= rank < num_workers:
+            raise RegistrationError(bad, f"rank {rank} must be in 0..{num_workers - 1}")
+        if not 0 <= udp_port <= 0xFFFF:
+            raise RegistrationError(bad, f"udp_port {udp_port} must be in 0..65535")
+        if not 0 < ipv4 < (1 << 32):
+            raise RegistrationError(bad, f"ipv4 {ipv4} is not a usable IPv4 address")
+        if pool_size > cfg.pool_size:
+            raise RegistrationError(
+                bad, f"pool_size {pool_size} exceeds this switch's per-job limit of {cfg.pool_size}"
+            )
+        pool = pool_size or cfg.pool_size
+        job = self.jobs.get(session_id)
+        if rank == 0:
+            need = pool_bytes(pool, packet_size)
+            in_use = self.memory_in_use - (job.memory if job else 0)
+            if in_use + need > cfg.max_pool_memory:
+                raise RegistrationError(
+                    "RESOURCE_EXHAUSTED",
+                    f"a pool of {pool} slots at size code {packet_size} needs {need} bytes; "
+                    f"{in_use} of the switch's {cfg.max_pool_memory} bytes are in use "
+                    f"(--max-pool-memory)",
+                )
+            if job is not None:
+                self._drop_job(job, "replaced")
+            if not self._free:
+                raise RegistrationError(
+                    "RESOURCE_EXHAUSTED", f"all {cfg.max_jobs} job entries of the switch are in use"
+                )
+            job = self._new_job(session_id, num_workers, packet_size, pool, now)
+        else:
+            if job is None:
+                raise RegistrationError(
+                    bad, f"session {session_id} has no rank 0 registration; rank 0 registers first"
+                )
+            if (num_workers, packet_size, pool) != (job.num_workers, job.size_code, job.pool_size):
+                raise RegistrationError(
+                    bad,
+                    f"rank {rank} asks for num_workers={num_workers}, packet_size={packet_size}, "
+                    f"pool_size={pool} but rank 0 registered num_workers={job.num_workers}, "
+                    f"packet_size={job.size_code}, pool_size={job.pool_size}",
+                )
+        self._set_worker(job, rank, ipv4, udp_port)
+        self.job_last_seen[job.index] = now
+        return job
+
+    def release(self, session_id: int) -> bool:
+        """Free a session's pool and registrations; False if it did not exist."""
+        job = self.jobs.get(session_id)
+        if job is None:
+            return False
+        self._drop_job(job, "explicit")
+        return True
+
+    def get_timer(self) -> float | None:
+        """When :meth:`handle_timer` next has work (idle release), or None."""
+        if self.config.idle_timeout is None or not self.jobs:
+            return None
+        oldest = min(self.job_last_seen[j.index] for j in self.jobs.values())
+        return float(oldest) + self.config.idle_timeout
+
+    def handle_timer(self, now: float) -> list[int]:
+        """Release jobs idle for longer than ``idle_timeout``; return their session ids."""
+        if self.config.idle_timeout is None:
+            return []
+        idle = [
+            j for j in self.jobs.values()
+            if now - self.job_last_seen[j.index] >= self.config.idle_timeout
+        ]  # fmt: skip
+        for job in idle:
+            self._drop_job(job, "idle")
+        return [job.session_id for job in idle]
+
+    def _new_job(self, session_id: int, w: int, code: int, pool: int, now: float) -> Job:
+        j = self._free.pop()
+        n = values_per_packet(code)
+        # np.empty: values are written before they are read (the "write" rule of
+        # §2), so untouched slots never cost resident memory.
+        self.values[j] = np.empty(2 * pool * n, np.uint32)
+        self.exps[j] = np.zeros(2 * pool * 2, np.int8)
+        self.bitmap[j] = np.zeros(2 * pool, np.uint32)
+        self.count[j] = np.zeros(2 * pool, np.int32)
+        self.job_workers[j] = w
+        self.job_pool[j] = pool
+        self.job_code[j] = code
+        self.dst_ip[j] = 0
+        self.dst_port[j] = -1
+        self.job_counters[j] = 0
+        self.worker_counters[j] = 0
+        job = Job(session_id, j, w, code, pool, now)
+        self.jobs[session_id] = job
+        self._by_index[j] = job
+        return job
+
+    def _drop_job(self, job: Job, why: str) -> None:
+        j = job.index
+        for key in [k for k, (jj, _) in self._addr.items() if jj == j]:
+            del self._addr[key]
+        self._rebuild_addr_table()
+        self.values[j] = np.zeros(0, np.uint32)
+        self.exps[j] = np.zeros(0, np.int8)
+        self.bitmap[j] = np.zeros(0, np.uint32)
+        self.count[j] = np.zeros(0, np.int32)
+        self.job_workers[j] = 0
+        self.job_pool[j] = 0
+        self.job_code[j] = -1
+        self.dst_port[j] = -1
+        del self.jobs[job.session_id]
+        del self._by_index[j]
+        self._free.append(j)
+        self.released[why] += 1
+
+    def _set_worker(self, job: Job, rank: int, ip: int, port: int) -> None:
+        key = (ip << 16) | port
+        old = self._addr.get(key)
+        if old is not None and old != (job.index, rank):
+            # an address belongs to one worker of one job: registering it moves it
+            oj, ow = old
+            other = self._by_index[oj]
+            other.workers.pop(ow, None)
+            self.dst_port[oj, ow] = -1
+            self.dst_ip[oj, ow] = 0
+        prev = job.workers.get(rank)
+        if prev is not None:
+            self._addr.pop((prev[0] << 16) | prev[1], None)
+        job.workers[rank] = (ip, port)
+        self._addr[key] = (job.index, rank)
+        self.dst_ip[job.index, rank] = ip
+        self.dst_port[job.index, rank] = port
+        self._rebuild_addr_table()
+
+    def _rebuild_addr_table(self) -> None:
+        keys = np.array(sorted(self._addr), dtype=np.uint64)
+        self.addr_vals = np.array([self._addr[int(k)][0] * 32 + self._addr[int(k)][1]
+                                   for k in keys], dtype=np.int32)  # fmt: skip
+        self.addr_keys = keys
+
+    def job_by_index(self, index: int) -> Job | None:
+        return self._by_index.get(index)
+
+    # --------------------------------------------------------------------- data
+    def process(self, batch: Batch, now: float = 0.0) -> int:
+        """Run rows ``0..batch.n-1`` through the switch; return the number of
+        destinations written to ``batch.dest_*`` (also kept in ``batch.n_dest``)."""
+        batch.n_dest = K._process_batch(
+            batch.buf, batch.lens, batch.ip, batch.port, batch.n, now,
+            self.addr_keys, self.addr_vals,
+            self.job_workers, self.job_pool, self.job_code, self.job_last_seen,
+            self.values, self.exps, self.bitmap, self.count,
+            self.dst_ip, self.dst_port,
+            self.job_counters, self.worker_counters, self.global_counters,
+            batch.action, batch.out_buf, batch.out_len, batch.out_job,
+            batch.dest_row, batch.dest_ip, batch.dest_port,
+        )  # fmt: skip
+        return batch.n_dest
+
+    def receive_datagram(
+        self, data: bytes, addr: tuple[int, int], now: float = 0.0
+    ) -> tuple[Action, list[tuple[bytes, tuple[int, int]]]]:
+        """One packet in, ``(action, [(bytes, (ip, port)), ...])`` out (slow path)."""
+        batch = self._single
+        batch.n = 0
+        batch.add(data, addr[0], addr[1])
+        self.process(batch, now)
+        return Action(int(batch.action[0])), batch.results()
+
+    @property
+    def _single(self) -> Batch:
+        b = self.__dict__.get("_single_batch")
+        if b is None:
+            b = self.__dict__["_single_batch"] = Batch(1)
+        return b
+
+    # -------------------------------------------------------------------- stats
+    def snapshot(self) -> dict:
+        """All counters and job state as plain Python data (for stats, TUI, logs)."""
+        jobs = []
+        for job in sorted(self.jobs.values(), key=lambda jb: jb.index):
+            j, p = job.index, job.pool_size
+            cnt = self.count[j]
+            bm = self.bitmap[j]
+            workers = []
+            for rank in range(job.num_workers):
+                addr = job.workers.get(rank)
+                wc = self.worker_counters[j, rank]
+                workers.append({
+                    "rank": rank,
+                    "ip": int_to_ipv4(addr[0]) if addr else None,
+                    "udp_port": addr[1] if addr else None,
+                    **{name: int(wc[i]) for i, name in enumerate(WORKER_COUNTER_NAMES)},
+                })  # fmt: skip
+            jobs.append({
+                "session_id": job.session_id,
+                "index": j,
+                "num_workers": job.num_workers,
+                "size_code": job.size_code,
+                "pool_size": p,
+                "memory_bytes": job.memory,
+                "slots_pending": [int(np.count_nonzero(cnt[:p])), int(np.count_nonzero(cnt[p:]))],
+                "slots_holding": [int(np.count_nonzero(bm[:p])), int(np.count_nonzero(bm[p:]))],
+                "last_seen": float(self.job_last_seen[j]),
+                "counters": {
+                    name: int(self.job_counters[j, i]) for i, name in enumerate(JOB_COUNTER_NAMES)
+                },
+                "workers": workers,
+            })  # fmt: skip
+        return {
+            "counters": {
+                name: int(self.global_counters[i]) for i, name in enumerate(GLOBAL_COUNTER_NAMES)
+            },
+            "released": dict(self.released),
+            "memory_in_use": self.memory_in_use,
+            "max_pool_memory": self.config.max_pool_memory,
+            "jobs": jobs,
+        }
+
+    def job_counters_of(self, session_id: int) -> dict[str, int]:
+        """The counters of one session, by name."""
+        j = self.jobs[session_id].index
+        return {name: int(self.job_counters[j, i]) for i, name in enumerate(JOB_COUNTER_NAMES)}
+
+
+def warmup() -> None:
+    """Compile (or load from cache) the kernels before any clock starts."""
+    eng = SwitchEngine(EngineConfig(pool_size=4, max_jobs=1))
+    eng.register(session_id=1, rank=0, num_workers=1, ipv4=0x7F000001, udp_port=1, pool_size=4)
+    from .wire import encode
+
+    pkt = encode(size_code=1, job_number=0, tsi=0, set=0, slot=0,
+                 values=np.zeros(64, np.int32))  # fmt: skip
+    eng.receive_datagram(pkt, (0x7F000001, 1))

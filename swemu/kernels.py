@@ -1,0 +1,256 @@
+"""Numba kernels of the switch data plane: one call handles a whole batch.
+
+Private ``_kernel`` functions take arrays and scalars only and mutate them in
+place; :mod:`swemu.engine` validates and owns the arrays. Every rule here has
+a plain-Python twin in :mod:`swemu.reference` (the test oracle); a change to one
+is a change to both.
+
+Batch interface (shaped for a later recvmmsg/sendmmsg loop in compiled code):
+``buf[B, L]`` uint8 rows, ``lens[B]``, source ``ip[B]`` (uint32) and
+``port[B]``; results go into preallocated ``out_buf[B, L]`` rows (at most one
+result per received packet) plus a destination list ``(dest_row, dest_ip,
+dest_port)`` that a multicast fills with one entry per worker.
+
+Per-job state lives in lists indexed by job number (the engine's job table):
+``values[j]`` uint32 ``[2 * P * N]`` (index ``(set * P + slot) * N + i``; uint32
+so that addition wraps as on Tofino registers), ``exps[j]`` int8 ``[2 * P * 2]``,
+``bitmap[j]`` uint32 ``[2 * P]`` and ``count[j]`` int32 ``[2 * P]``.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import njit
+
+# --- per-packet actions: what the switch did with row r, and why -------------
+# (the §2 decision table; swemu.engine.Action mirrors these values)
+A_DROP_UNKNOWN_SOURCE = 0
+A_DROP_MALFORMED = 1
+A_DROP_WRONG_SIZE = 2
+A_DROP_SLOT_RANGE = 3
+A_AGGREGATED = 4  # new contribution, slot not complete: nothing sent
+A_MULTICAST = 5  # new contribution completed the slot: result to every worker
+A_RETRANSMIT_PENDING = 6  # retransmission, slot incomplete: nothing sent
+A_UNICAST = 7  # retransmission, slot complete: result to that worker only
+
+# --- per-job counters (columns of job_counters) ------------------------------
+C_PKTS_IN = 0
+C_BYTES_IN = 1
+C_AGGREGATED = 2
+C_MULTICAST = 3
+C_UNICAST = 4
+C_RETRANSMISSIONS = 5
+C_PKTS_OUT = 6
+C_BYTES_OUT = 7
+C_DROP_MALFORMED = 8
+C_DROP_WRONG_SIZE = 9
+C_DROP_SLOT_RANGE = 10
+N_JOB_COUNTERS = 11
+
+# --- per-worker counters (last axis of worker_counters) ----------------------
+W_PKTS_IN = 0
+W_RETRANSMISSIONS = 1
+W_LAST = 2  # completions this worker triggered: the slowest worker has the most
+W_DROPS = 3
+N_WORKER_COUNTERS = 4
+
+# --- switch-wide counters ----------------------------------------------------
+G_PKTS_IN = 0
+G_DROP_UNKNOWN_SOURCE = 1
+N_GLOBAL_COUNTERS = 2
+
+HEADER_LEN = 10
+MSG_TYPE = 1
+
+
+@njit(cache=True, nogil=True)
+def _lookup(addr_keys, addr_vals, key):
+    """Binary search of ``key`` in the sorted address table; -1 if absent."""
+    i = np.searchsorted(addr_keys, key)
+    if i < addr_keys.shape[0] and addr_keys[i] == key:
+        return addr_vals[i]
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def _process_batch(
+    buf, lens, src_ip, src_port, n, now,
+    addr_keys, addr_vals,
+    job_workers, job_pool, job_code, job_last_seen,
+    values, exps, bitmap, count,
+    dst_ip, dst_port,
+    job_counters, worker_counters, global_counters,
+    action, out_buf, out_len, out_job,
+    dest_row, dest_ip, dest_port,
+):  # fmt: skip
+    """Apply PROTOCOL.md §2 to rows ``0..n-1`` of a batch; return the destination count."""
+    n_dest = 0
+    for r in range(n):
+        out_len[r] = 0
+        out_job[r] = -1
+        length = lens[r]
+        global_counters[G_PKTS_IN] += 1
+        # 1. who sent it: (ip, port) first, then (ip, 0) for IP-only workers
+        ip = np.uint64(src_ip[r])
+        ent = _lookup(addr_keys, addr_vals, (ip << np.uint64(16)) | np.uint64(src_port[r]))
+        if ent < 0:
+            ent = _lookup(addr_keys, addr_vals, ip << np.uint64(16))
+        if ent < 0:
+            global_counters[G_DROP_UNKNOWN_SOURCE] += 1
+            action[r] = A_DROP_UNKNOWN_SOURCE
+            continue
+        j = ent >> 5
+        w = ent & 31
+        out_job[r] = j
+        job_counters[j, C_PKTS_IN] += 1
+        job_counters[j, C_BYTES_IN] += length
+        worker_counters[j, w, W_PKTS_IN] += 1
+        job_last_seen[j] = now
+        # 2. is it well formed
+        if length < HEADER_LEN:
+            job_counters[j, C_DROP_MALFORMED] += 1
+            worker_counters[j, w, W_DROPS] += 1
+            action[r] = A_DROP_MALFORMED
+            continue
+        b0 = buf[r, 0]
+        code = b0 & 7
+        nvals = 32 << code
+        if (b0 >> 4) != MSG_TYPE or length != HEADER_LEN + 4 * nvals:
+            job_counters[j, C_DROP_MALFORMED] += 1
+            worker_counters[j, w, W_DROPS] += 1
+            action[r] = A_DROP_MALFORMED
+            continue
+        if code != job_code[j]:
+            job_counters[j, C_DROP_WRONG_SIZE] += 1
+            worker_counters[j, w, W_DROPS] += 1
+            action[r] = A_DROP_WRONG_SIZE
+            continue
+        # 3. which slot
+        pi = (np.int64(buf[r, 6]) << 8) | np.int64(buf[r, 7])
+        s = (pi >> 15) & 1
+        slot = pi & 0x3FFF
+        pool = job_pool[j]
+        if slot >= pool:
+            job_counters[j, C_DROP_SLOT_RANGE] += 1
+            worker_counters[j, w, W_DROPS] += 1
+            action[r] = A_DROP_SLOT_RANGE
+            continue
+        # 4. bitmap update and retransmission check
+        bm = bitmap[j]
+        cnt = count[j]
+        me = np.uint32(1) << np.uint32(w)
+        k = s * pool + slot
+        k_other = (1 - s) * pool + slot
+        before = bm[k]
+        bm[k] = before | me
+        bm[k_other] = bm[k_other] & ~me
+        retrans = (before & me) != 0
+        # 5. worker count
+        last = False
+        if not retrans:
+            c = cnt[k]
+            if c == 0:
+                cnt[k] = job_workers[j] - 1
+                last = job_workers[j] == 1
+            else:
+                last = c == 1
+                cnt[k] = c - 1
+        # 6. aggregation: write after release, add otherwise, nothing on retransmission
+        vals = values[j]
+        ex = exps[j]
+        base = k * nvals
+        e0 = np.int8(buf[r, 8])
+        e1 = np.int8(buf[r, 9])
+        if not retrans:
+            if before == 0:
+                for i in range(nvals):
+                    o = HEADER_LEN + 4 * i
+                    vals[base + i] = (
+                        (np.uint32(buf[r, o]) << np.uint32(24))
+                        | (np.uint32(buf[r, o + 1]) << np.uint32(16))
+                        | (np.uint32(buf[r, o + 2]) << np.uint32(8))
+                        | np.uint32(buf[r, o + 3])
+                    )
+                ex[2 * k] = e0
+                ex[2 * k + 1] = e1
+            else:
+                for i in range(nvals):
+                    o = HEADER_LEN + 4 * i
+                    v = (
+                        (np.uint32(buf[r, o]) << np.uint32(24))
+                        | (np.uint32(buf[r, o + 1]) << np.uint32(16))
+                        | (np.uint32(buf[r, o + 2]) << np.uint32(8))
+                        | np.uint32(buf[r, o + 3])
+                    )
+                    vals[base + i] = np.uint32(vals[base + i] + v)
+                if e0 > ex[2 * k]:
+                    ex[2 * k] = e0
+                if e1 > ex[2 * k + 1]:
+                    ex[2 * k + 1] = e1
+            job_counters[j, C_AGGREGATED] += 1
+        else:
+            job_counters[j, C_RETRANSMISSIONS] += 1
+            worker_counters[j, w, W_RETRANSMISSIONS] += 1
+        # 7. next step
+        if not retrans and not last:
+            action[r] = A_AGGREGATED
+            continue
+        if retrans and cnt[k] != 0:
+            action[r] = A_RETRANSMIT_PENDING
+            continue
+        # build the result: header of the triggering packet, slot maxima and sums
+        plen = HEADER_LEN + 4 * nvals
+        out_buf[r, 0] = (MSG_TYPE << 4) | code
+        for b in range(1, 6):
+            out_buf[r, b] = buf[r, b]
+        out_buf[r, 6] = (s << 7) | (slot >> 8)
+        out_buf[r, 7] = slot & 0xFF
+        out_buf[r, 8] = np.uint8(ex[2 * k] & 0xFF)
+        out_buf[r, 9] = np.uint8(ex[2 * k + 1] & 0xFF)
+        for i in range(nvals):
+            o = HEADER_LEN + 4 * i
+            v = vals[base + i]
+            out_buf[r, o] = (v >> np.uint32(24)) & np.uint32(0xFF)
+            out_buf[r, o + 1] = (v >> np.uint32(16)) & np.uint32(0xFF)
+            out_buf[r, o + 2] = (v >> np.uint32(8)) & np.uint32(0xFF)
+            out_buf[r, o + 3] = v & np.uint32(0xFF)
+        out_len[r] = plen
+        if retrans:
+            action[r] = A_UNICAST
+            job_counters[j, C_UNICAST] += 1
+            dest_row[n_dest] = r
+            dest_ip[n_dest] = src_ip[r]
+            dest_port[n_dest] = src_port[r]
+            n_dest += 1
+            job_counters[j, C_PKTS_OUT] += 1
+            job_counters[j, C_BYTES_OUT] += plen
+        else:
+            action[r] = A_MULTICAST
+            job_counters[j, C_MULTICAST] += 1
+            worker_counters[j, w, W_LAST] += 1
+            for d in range(job_workers[j]):
+                if dst_port[j, d] < 0:
+                    continue  # rank not registered (any more): nobody to send to
+                dest_row[n_dest] = r
+                dest_ip[n_dest] = dst_ip[j, d]
+                p = dst_port[j, d]
+                dest_port[n_dest] = p if p > 0 else src_port[r]
+                n_dest += 1
+                job_counters[j, C_PKTS_OUT] += 1
+                job_counters[j, C_BYTES_OUT] += plen
+    return n_dest
+
+
+def make_list(item_type):
+    """An empty list the kernels can index: a Numba typed List, or a plain list
+    when the JIT is disabled (``NUMBA_DISABLE_JIT=1`` runs the kernels as Python)."""
+    if numba.config.DISABLE_JIT:
+        return []
+    return numba.typed.List.empty_list(item_type)
+
+
+VALUES_T = numba.types.uint32[::1]
+EXPS_T = numba.types.int8[::1]
+BITMAP_T = numba.types.uint32[::1]
+COUNT_T = numba.types.int32[::1]

@@ -1,0 +1,131 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class PacketSize(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MTU_128: _ClassVar[PacketSize]
+    MTU_256: _ClassVar[PacketSize]
+    MTU_512: _ClassVar[PacketSize]
+    MTU_1024: _ClassVar[PacketSize]
+    EMU_2048: _ClassVar[PacketSize]
+    EMU_4096: _ClassVar[PacketSize]
+    EMU_8192: _ClassVar[PacketSize]
+    EMU_16384: _ClassVar[PacketSize]
+MTU_128: PacketSize
+MTU_256: PacketSize
+MTU_512: PacketSize
+MTU_1024: PacketSize
+EMU_2048: PacketSize
+EMU_4096: PacketSize
+EMU_8192: PacketSize
+EMU_16384: PacketSize
+
+class RdmaSessionRequest(_message.Message):
+    __slots__ = ("session_id", "rank", "num_workers", "mac", "ipv4", "rkey", "packet_size", "message_size", "qpns", "psns")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    MAC_FIELD_NUMBER: _ClassVar[int]
+    IPV4_FIELD_NUMBER: _ClassVar[int]
+    RKEY_FIELD_NUMBER: _ClassVar[int]
+    PACKET_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    QPNS_FIELD_NUMBER: _ClassVar[int]
+    PSNS_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    rank: int
+    num_workers: int
+    mac: int
+    ipv4: int
+    rkey: int
+    packet_size: PacketSize
+    message_size: int
+    qpns: _containers.RepeatedScalarFieldContainer[int]
+    psns: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, session_id: _Optional[int] = ..., rank: _Optional[int] = ..., num_workers: _Optional[int] = ..., mac: _Optional[int] = ..., ipv4: _Optional[int] = ..., rkey: _Optional[int] = ..., packet_size: _Optional[_Union[PacketSize, str]] = ..., message_size: _Optional[int] = ..., qpns: _Optional[_Iterable[int]] = ..., psns: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class RdmaSessionResponse(_message.Message):
+    __slots__ = ("session_id", "mac", "ipv4", "rkeys", "qpns", "psns")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    MAC_FIELD_NUMBER: _ClassVar[int]
+    IPV4_FIELD_NUMBER: _ClassVar[int]
+    RKEYS_FIELD_NUMBER: _ClassVar[int]
+    QPNS_FIELD_NUMBER: _ClassVar[int]
+    PSNS_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    mac: int
+    ipv4: int
+    rkeys: _containers.RepeatedScalarFieldContainer[int]
+    qpns: _containers.RepeatedScalarFieldContainer[int]
+    psns: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, session_id: _Optional[int] = ..., mac: _Optional[int] = ..., ipv4: _Optional[int] = ..., rkeys: _Optional[_Iterable[int]] = ..., qpns: _Optional[_Iterable[int]] = ..., psns: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class UdpSessionRequest(_message.Message):
+    __slots__ = ("session_id", "rank", "num_workers", "mac", "ipv4", "packet_size", "udp_port", "pool_size")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    MAC_FIELD_NUMBER: _ClassVar[int]
+    IPV4_FIELD_NUMBER: _ClassVar[int]
+    PACKET_SIZE_FIELD_NUMBER: _ClassVar[int]
+    UDP_PORT_FIELD_NUMBER: _ClassVar[int]
+    POOL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    rank: int
+    num_workers: int
+    mac: int
+    ipv4: int
+    packet_size: PacketSize
+    udp_port: int
+    pool_size: int
+    def __init__(self, session_id: _Optional[int] = ..., rank: _Optional[int] = ..., num_workers: _Optional[int] = ..., mac: _Optional[int] = ..., ipv4: _Optional[int] = ..., packet_size: _Optional[_Union[PacketSize, str]] = ..., udp_port: _Optional[int] = ..., pool_size: _Optional[int] = ...) -> None: ...
+
+class UdpSessionResponse(_message.Message):
+    __slots__ = ("session_id", "mac", "ipv4", "data_ports")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    MAC_FIELD_NUMBER: _ClassVar[int]
+    IPV4_FIELD_NUMBER: _ClassVar[int]
+    DATA_PORTS_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    mac: int
+    ipv4: int
+    data_ports: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, session_id: _Optional[int] = ..., mac: _Optional[int] = ..., ipv4: _Optional[int] = ..., data_ports: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class BarrierRequest(_message.Message):
+    __slots__ = ("num_workers", "session_id")
+    NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    num_workers: int
+    session_id: int
+    def __init__(self, num_workers: _Optional[int] = ..., session_id: _Optional[int] = ...) -> None: ...
+
+class BarrierResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class BroadcastRequest(_message.Message):
+    __slots__ = ("value", "rank", "num_workers", "root", "session_id")
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    ROOT_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    value: int
+    rank: int
+    num_workers: int
+    root: int
+    session_id: int
+    def __init__(self, value: _Optional[int] = ..., rank: _Optional[int] = ..., num_workers: _Optional[int] = ..., root: _Optional[int] = ..., session_id: _Optional[int] = ...) -> None: ...
+
+class BroadcastResponse(_message.Message):
+    __slots__ = ("value",)
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    value: int
+    def __init__(self, value: _Optional[int] = ...) -> None: ...

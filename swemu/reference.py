@@ -1,0 +1,134 @@
+"""PROTOCOL.md §2 in plain Python: the test oracle for :mod:`swemu.kernels`.
+
+Written for obviousness, not speed: dicts of per-slot records, Python ints,
+``wire.decode`` for parsing. The property tests feed the same packet streams
+to this and to :class:`swemu.engine.SwitchEngine` and compare every action
+and every byte sent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import wire
+from .engine import Action
+
+
+@dataclass
+class _Slot:
+    values: list[int]
+    e0: int = 0
+    e1: int = 0
+    count: int = 0
+    bitmap: int = 0
+
+
+@dataclass
+class RefJob:
+    """A job as the reference sees it: parameters and worker addresses."""
+
+    num_workers: int
+    size_code: int
+    pool_size: int
+    workers: dict[int, tuple[int, int]] = field(default_factory=dict)  # rank -> (ip, port)
+    slots: dict[tuple[int, int], _Slot] = field(default_factory=dict)  # (set, slot)
+
+
+def _wrap32(x: int) -> int:
+    x &= 0xFFFFFFFF
+    return x - (1 << 32) if x & 0x80000000 else x
+
+
+class ReferenceSwitch:
+    """Several jobs, each a dict of slots; workers found by (ip, port) then (ip, 0)."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[int, RefJob] = {}
+        self.addresses: dict[tuple[int, int], tuple[int, int]] = {}  # addr -> (session, rank)
+
+    def add_job(self, session_id: int, num_workers: int, size_code: int, pool_size: int) -> None:
+        self.remove_job(session_id)
+        self.jobs[session_id] = RefJob(num_workers, size_code, pool_size)
+
+    def remove_job(self, session_id: int) -> None:
+        if session_id in self.jobs:
+            for addr in list(self.jobs[session_id].workers.values()):
+                self.addresses.pop(addr, None)
+            del self.jobs[session_id]
+
+    def add_worker(self, session_id: int, rank: int, ip: int, port: int) -> None:
+        addr = (ip, port)
+        old = self.addresses.get(addr)
+        if old is not None and old != (session_id, rank):
+            self.jobs[old[0]].workers.pop(old[1], None)
+        job = self.jobs[session_id]
+        prev = job.workers.get(rank)
+        if prev is not None:
+            self.addresses.pop(prev, None)
+        job.workers[rank] = addr
+        self.addresses[addr] = (session_id, rank)
+
+    def receive(
+        self, data: bytes, src: tuple[int, int]
+    ) -> tuple[Action, list[tuple[bytes, tuple[int, int]]]]:
+        """Apply §2 to one datagram: the action taken and the packets sent."""
+        owner = self.addresses.get(src) or self.addresses.get((src[0], 0))
+        if owner is None:
+            return Action.DROP_UNKNOWN_SOURCE, []
+        session_id, w = owner
+        job = self.jobs[session_id]
+        try:
+            pkt = wire.decode(data)
+        except wire.PacketError:
+            return Action.DROP_MALFORMED, []
+        if pkt.size_code != job.size_code:
+            return Action.DROP_WRONG_SIZE, []
+        if pkt.slot >= job.pool_size:
+            return Action.DROP_SLOT_RANGE, []
+
+        n = wire.values_per_packet(job.size_code)
+        here = job.slots.setdefault((pkt.set, pkt.slot), _Slot([0] * n))
+        other = job.slots.setdefault((1 - pkt.set, pkt.slot), _Slot([0] * n))
+        me = 1 << w
+        before = here.bitmap
+        here.bitmap |= me
+        other.bitmap &= ~me
+        retransmission = bool(before & me)
+
+        last = False
+        if not retransmission:
+            if here.count == 0:
+                here.count = job.num_workers - 1
+                last = job.num_workers == 1
+            else:
+                last = here.count == 1
+                here.count -= 1
+
+        if not retransmission:
+            incoming = [int(v) for v in pkt.values]
+            if before == 0:
+                here.values = incoming
+                here.e0, here.e1 = pkt.e0, pkt.e1
+            else:
+                here.values = [_wrap32(a + b) for a, b in zip(here.values, incoming)]
+                here.e0, here.e1 = max(here.e0, pkt.e0), max(here.e1, pkt.e1)
+
+        if not retransmission and not last:
+            return Action.AGGREGATED, []
+        if retransmission and here.count != 0:
+            return Action.RETRANSMIT_PENDING, []
+        result = wire.encode(
+            size_code=job.size_code, job_number=pkt.job_number, tsi=pkt.tsi,
+            set=pkt.set, slot=pkt.slot, e0=here.e0, e1=here.e1,
+            values=np.array(here.values, dtype=np.int32),
+        )  # fmt: skip
+        if retransmission:
+            return Action.UNICAST, [(result, src)]
+        out = []
+        for rank in range(job.num_workers):
+            addr = job.workers.get(rank)
+            if addr is not None:
+                out.append((result, (addr[0], addr[1] or src[1])))
+        return Action.MULTICAST, out
