@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from .control import SessionService, SyncService, start_control_server
 from .engine import Batch, EngineConfig, SwitchEngine, warmup
+from .netutil import set_socket_buffers
 from .wire import DEFAULT_CONTROL_PORT, DEFAULT_UDP_PORT, MAX_PACKET_LEN
 
 log = logging.getLogger("swemu.server")
@@ -34,7 +35,6 @@ log = logging.getLogger("swemu.server")
 #: Batches drained per readiness callback before yielding to the loop, so the
 #: control plane stays responsive under a flood.
 MAX_BATCHES_PER_WAKEUP = 16
-SOCKET_BUFFER_BYTES = 8 << 20
 
 
 class _AddressCache:
@@ -161,9 +161,7 @@ def bind_udp(host: str, port: int) -> socket.socket:
     """A non-blocking UDP socket bound to ``host:port`` with large buffers."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER_BYTES)
+        set_socket_buffers(sock)
         sock.bind((host, port))
     except OSError as exc:
         sock.close()

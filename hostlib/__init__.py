@@ -1,0 +1,198 @@
+"""hostlib: the worker side of SwitchML — allreduce through a SwitchML switch.
+
+Works against the emulator (``switchml-emu serve``) and against a Tofino running
+the mirror P4 program alike: it uses only the wire protocol and the gRPC
+control plane. ::
+
+    import hostlib
+    with hostlib.connect(switch="127.0.0.1:48864", control="127.0.0.1:50099",
+                         rank=r, world_size=W) as ctx:
+        y = ctx.allreduce(x)          # int32 exact, float32 by block floating point
+        ctx.allreduce(x, out=x)       # in place
+
+    async with hostlib.aconnect(...) as actx:
+        y = await actx.allreduce(x)
+
+    ctx = hostlib.from_env()          # inside `switchml run --workers N -- CMD`
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import numpy as np
+
+from .client import AsyncContext, Options
+from .errors import ControlPlaneError, NoProgressError, SwitchMLError
+from .protocol import Timing
+
+__all__ = [
+    "AsyncContext",
+    "Context",
+    "ControlPlaneError",
+    "NoProgressError",
+    "Options",
+    "SwitchMLError",
+    "Timing",
+    "aconnect",
+    "connect",
+    "from_env",
+]
+
+ENV_PREFIX = "SWITCHML_"
+
+
+def _options(**kwargs: Any) -> Options:
+    timing_keys = ("timeout", "backoff_after", "max_timeout", "no_progress")
+    timing = {k: kwargs.pop(k) for k in timing_keys if kwargs.get(k) is not None}
+    for k in timing_keys:
+        kwargs.pop(k, None)
+    if timing:
+        kwargs["timing"] = Timing(**timing)
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    return Options(**kwargs)
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+class Context:
+    """Blocking wrapper of :class:`AsyncContext` with a private event loop."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self._loop = _new_loop()
+        self._actx = AsyncContext(options)
+
+    def __enter__(self) -> Context:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def open(self) -> Context:
+        """Join the job (done on first use if not called)."""
+        self._loop.run_until_complete(self._actx.open())
+        return self
+
+    def allreduce(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Sum ``x`` over all workers; a new array, or ``out`` (may be ``x``)."""
+        return self._loop.run_until_complete(self._actx.allreduce(x, out))
+
+    def close(self) -> None:
+        """Leave the job and free the socket and the loop."""
+        if self._loop.is_closed():
+            return
+        self._actx.close()
+        self._loop.close()
+
+    @property
+    def session_id(self) -> int | None:
+        m = self._actx.membership
+        return m.session_id if m else None
+
+    @property
+    def rank(self) -> int:
+        return self.options.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.options.world_size
+
+    @property
+    def last_stats(self) -> dict[str, int]:
+        """Packets sent, results, retransmissions and ignored datagrams of the last call."""
+        return dict(self._actx.last_stats)
+
+
+def connect(
+    switch: str | None = None,
+    control: str | None = None,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    packet_size: int | None = None,
+    window: int | None = None,
+    session_id: int | None = None,
+    timeout: float | None = None,
+    backoff_after: int | None = None,
+    max_timeout: float | None = None,
+    no_progress: float | None = None,
+    connect_timeout: float | None = None,
+    join_timeout: float | None = None,
+    bind: str | None = None,
+) -> Context:
+    """Join a SwitchML job (blocking API); use as a context manager.
+
+    ``switch``/``control`` are ``HOST:PORT`` (defaults: the controller at
+    127.0.0.1:50099, the data plane wherever the controller says). ``packet_size``
+    is a size code (default 3 = 256 values, Tofino-compatible; 6 is fastest on
+    the emulator), ``window`` the slots in flight (default 128). ``timeout``,
+    ``backoff_after``, ``max_timeout`` and ``no_progress`` set retransmission
+    and failure detection (see :class:`Timing`).
+    """
+    return Context(_options(**_kwargs(locals())))
+
+
+def aconnect(
+    switch: str | None = None,
+    control: str | None = None,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    packet_size: int | None = None,
+    window: int | None = None,
+    session_id: int | None = None,
+    timeout: float | None = None,
+    backoff_after: int | None = None,
+    max_timeout: float | None = None,
+    no_progress: float | None = None,
+    connect_timeout: float | None = None,
+    join_timeout: float | None = None,
+    bind: str | None = None,
+) -> AsyncContext:
+    """The asyncio twin of :func:`connect`: ``async with hostlib.aconnect(...) as actx``."""
+    return AsyncContext(_options(**_kwargs(locals())))
+
+
+def _kwargs(local: dict[str, Any]) -> dict[str, Any]:
+    return dict(local)
+
+
+def env_options(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """Connection arguments from the environment ``switchml run`` sets:
+    RANK, WORLD_SIZE (as torchrun), SWITCHML_SWITCH, SWITCHML_CONTROL,
+    SWITCHML_SESSION_ID, SWITCHML_PACKET_SIZE, SWITCHML_WINDOW."""
+    env = os.environ if environ is None else environ
+    if "RANK" not in env or "WORLD_SIZE" not in env:
+        raise SwitchMLError(
+            "RANK and WORLD_SIZE are not set: start this program with "
+            "`switchml run --workers N -- python ...`"
+        )
+
+    def num(name: str) -> int | None:
+        v = env.get(ENV_PREFIX + name)
+        return int(v) if v else None
+
+    return {
+        "rank": int(env["RANK"]),
+        "world_size": int(env["WORLD_SIZE"]),
+        "switch": env.get(ENV_PREFIX + "SWITCH") or None,
+        "control": env.get(ENV_PREFIX + "CONTROL") or None,
+        "session_id": num("SESSION_ID"),
+        "packet_size": num("PACKET_SIZE"),
+        "window": num("WINDOW"),
+    }
+
+
+def from_env(**overrides: Any) -> Context:
+    """A :class:`Context` configured from the environment (see :func:`env_options`)."""
+    return connect(**{**env_options(), **overrides})

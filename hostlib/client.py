@@ -1,0 +1,258 @@
+"""asyncio adapter of the worker protocol: one UDP socket, one event loop.
+
+Thin on purpose: the socket is registered with ``loop.add_reader``; on
+readiness the adapter drains datagrams into the rows of a preallocated batch,
+hands the batch to :class:`hostlib.protocol.Allreduce` (compiled kernels) and
+sends the packets it asks for. One ``call_at`` timer drives retransmissions
+and the no-progress check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from swemu import wire
+from swemu.netutil import parse_address, resolve_ipv4, set_socket_buffers
+
+from .control import ControlClient, Membership
+from .errors import SwitchMLError
+from .protocol import Allreduce, Timing, WorkerProtocol
+
+BATCH = 64
+
+
+@dataclass(frozen=True)
+class Options:
+    """Everything a worker is configured with (see :func:`hostlib.connect`)."""
+
+    switch: str | None = None  # HOST:PORT of the data plane (None: from the controller)
+    control: str = f"127.0.0.1:{wire.DEFAULT_CONTROL_PORT}"
+    rank: int = 0
+    world_size: int = 1
+    packet_size: int = 3
+    window: int = 128
+    session_id: int | None = None
+    timing: Timing = field(default_factory=Timing)
+    connect_timeout: float = 10.0
+    join_timeout: float = 120.0
+    bind: str | None = None  # local IP to send from (None: the route to the switch)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} must be in 0..{self.world_size - 1}")
+        if not 1 <= self.world_size <= wire.MAX_WORKERS:
+            raise ValueError(f"world_size must be in 1..{wire.MAX_WORKERS}")
+        if not 0 <= self.packet_size <= 7:
+            raise ValueError(f"packet_size must be a size code 0..7, got {self.packet_size}")
+        if not 1 <= self.window <= wire.MAX_SLOTS:
+            raise ValueError(f"window must be in 1..{wire.MAX_SLOTS}")
+
+
+class AsyncContext:
+    """A worker's membership of a job, for asyncio code (see :func:`hostlib.aconnect`)."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.membership: Membership | None = None
+        self.protocol: WorkerProtocol | None = None
+        self._sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._op: Allreduce | None = None
+        self._done: asyncio.Future | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._dests: list[tuple[str, int]] = []
+        self._switch_ip = ""
+        self._switch_ports: frozenset[int] = frozenset()
+        self._batch = np.zeros((BATCH, wire.packet_len(options.packet_size) + 1), np.uint8)
+        self._rows = [memoryview(self._batch[r]) for r in range(BATCH)]
+        self._lens = np.zeros(BATCH, np.int32)
+        self._ok = np.zeros(BATCH, np.uint8)
+        self.stale = 0  # datagrams that arrived between calls
+        self.last_stats: dict[str, int] = {}  # counters of the last call
+
+    # ---------------------------------------------------------------- lifetime
+    async def __aenter__(self) -> AsyncContext:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+    async def open(self) -> None:
+        """Open the socket and join the job (idempotent)."""
+        if self._sock is not None:
+            return
+        o = self.options
+        self._loop = asyncio.get_running_loop()
+        ctl = ControlClient(o.control, connect_timeout=o.connect_timeout)
+        try:
+            await ctl.connect()
+            switch_host, switch_port = (
+                parse_address(o.switch, wire.DEFAULT_UDP_PORT) if o.switch else ("", 0)
+            )
+            probe_host = resolve_ipv4(switch_host) if switch_host else resolve_ipv4(
+                parse_address(o.control, wire.DEFAULT_CONTROL_PORT)[0])  # fmt: skip
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            try:
+                set_socket_buffers(sock)
+                local_ip = o.bind or _route_source(probe_host)
+                sock.bind((local_ip, 0))
+                sock.setblocking(False)
+                membership = await ctl.join(
+                    rank=o.rank, world_size=o.world_size,
+                    ipv4=wire.ipv4_to_int(local_ip), udp_port=sock.getsockname()[1],
+                    packet_size=o.packet_size, pool_size=o.window,
+                    session_id=o.session_id, timeout=o.join_timeout,
+                )  # fmt: skip
+            except BaseException:
+                sock.close()
+                raise
+        finally:
+            await ctl.close()
+        self._sock = sock
+        self.membership = membership
+        self._switch_ip = probe_host if switch_host else wire.int_to_ipv4(membership.switch_ipv4)
+        if membership.data_ports:
+            ports = list(membership.data_ports)
+        else:
+            ports = [switch_port or wire.DEFAULT_UDP_PORT]
+        self._switch_ports = frozenset(ports)
+        self._dests = [(self._switch_ip, ports[s % len(ports)]) for s in range(o.window)]
+        self.protocol = WorkerProtocol(
+            num_workers=o.world_size, size_code=o.packet_size, window=o.window, timing=o.timing
+        )
+        self._loop.add_reader(sock.fileno(), self._on_readable)
+
+    def close(self) -> None:
+        """Leave: stop reading and close the socket (a running call fails)."""
+        if self._sock is None:
+            return
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._sock.fileno())
+        self._sock.close()
+        self._sock = None
+        self._finish(SwitchMLError("the SwitchML context was closed during an allreduce"))
+
+    @property
+    def switch_address(self) -> str:
+        return f"{self._switch_ip}:{min(self._switch_ports) if self._switch_ports else 0}"
+
+    # --------------------------------------------------------------- allreduce
+    async def allreduce(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Sum ``x`` over all workers of the job; return the result (``out`` if given)."""
+        await self.open()
+        if self._op is not None:
+            raise RuntimeError("one allreduce at a time per context")
+        loop = self._loop
+        result = np.empty_like(x) if out is None else out
+        op = self.protocol.allreduce(x, result, loop.time())
+        if op.done:
+            return result
+        self._op = op
+        self._done = loop.create_future()
+        try:
+            self._send(op, op.initial(loop.time()))
+            self._arm()
+            await self._done
+        finally:
+            self._op = None
+            self._done = None
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+        return result
+
+    def _finish(self, exc: BaseException | None = None) -> None:
+        op = self._op
+        if op is not None:
+            self.last_stats = {
+                "results": int(op.counters[0]), "ignored": int(op.counters[1]),
+                "retransmissions": int(op.counters[2]), "sent": int(op.counters[3]),
+            }  # fmt: skip
+        if self._done is not None and not self._done.done():
+            if exc is None:
+                self._done.set_result(None)
+            else:
+                self._done.set_exception(exc)
+
+    def _send(self, op: Allreduce, n: int) -> None:
+        if n == 0:
+            return
+        sendto = self._sock.sendto
+        dests = self._dests
+        rows = op.proto.rows
+        for s in op.send[:n].tolist():
+            try:
+                sendto(rows[s], dests[s])
+            except (BlockingIOError, InterruptedError):
+                pass  # buffer full: the retransmission timer resends it
+            except OSError as exc:
+                self._finish(SwitchMLError(f"cannot send to the switch at {dests[s]}: {exc}"))
+                return
+
+    def _on_readable(self) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        rows, lens, ok = self._rows, self._lens, self._ok
+        ip, ports = self._switch_ip, self._switch_ports
+        while True:
+            n = 0
+            while n < BATCH:
+                try:
+                    nbytes, addr = sock.recvfrom_into(rows[n])
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError:
+                    continue
+                lens[n] = nbytes
+                ok[n] = addr[0] == ip and addr[1] in ports
+                n += 1
+            if n == 0:
+                return
+            op = self._op
+            if op is None:
+                self.stale += n
+            else:
+                self._send(op, op.receive(self._batch, lens, ok, n, self._loop.time()))
+                if op.done:
+                    self._finish()
+            if n < BATCH:
+                return
+
+    def _arm(self) -> None:
+        op = self._op
+        if op is None:
+            return
+        when = min(op.get_timer(), op.last_progress + op.proto.timing.no_progress)
+        self._timer = self._loop.call_at(when, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        op = self._op
+        if op is None or op.done:
+            return
+        now = self._loop.time()
+        try:
+            op.check(now, where=f"the switch at {self.switch_address}")
+        except SwitchMLError as exc:
+            self._finish(exc)
+            return
+        self._send(op, op.handle_timer(now))
+        self._arm()
+
+
+def _route_source(host: str) -> str:
+    """The local IPv4 address the kernel would send from to reach ``host``."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((host, 9))
+        return probe.getsockname()[0]
+    except OSError as exc:
+        raise OSError(f"no route to the switch at {host}: {exc.strerror or exc}") from None
+    finally:
+        probe.close()

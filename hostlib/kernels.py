@@ -1,0 +1,275 @@
+"""Numba kernels of the worker data path: quantization and the windowed protocol.
+
+All per-packet work of an allreduce runs here in batches: building packets
+(quantizing a chunk straight into a big-endian row), matching a batch of
+received results, storing them (dequantizing), advancing each slot to its
+next chunk, and finding the slots whose timers expired. :mod:`hostlib.protocol`
+owns the arrays and is the only caller; :mod:`hostlib.quant` holds the numpy
+twins used as test oracles for the quantization rules.
+
+Slot state (arrays of length K, one entry per slot of the window):
+
+``chunk[s]``   what slot s waits for: ``-1`` its exponent packet (float32),
+               ``i >= 0`` the result of chunk i, ``DONE`` nothing (finished)
+``cur_set[s]`` the shadow set of the outstanding packet
+``next_set[s]`` the set the slot uses next; belongs to the session, because
+               the parity continues across allreduce calls (PROTOCOL.md §3)
+``deadline[s]``, ``rto[s]``, ``tries[s]`` retransmission timer state
+``rows[s]``    the outstanding packet itself: a retransmission resends it unchanged
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+HEADER_LEN = 10
+EXP_NONE = -128
+EXP_TSI_BASE = 1 << 31
+DONE = -2
+INT32_MAX = 2147483647
+
+# counters (columns of the ``counters`` array)
+K_RESULTS = 0  # results accepted
+K_IGNORED = 1  # datagrams ignored: stale, duplicate, foreign or malformed
+K_RETRANSMISSIONS = 2  # packets resent on timeout
+K_SENT = 3  # packets sent, first transmissions and retransmissions
+N_COUNTERS = 4
+
+
+@njit(cache=True, nogil=True)
+def _chunk_exponents(x, nvals, out):
+    """``out[c]`` = frexp exponent of max|x| over chunk c, -128 for an all-zero
+    chunk; returns 1 if any value is NaN/Inf, 2 if max|x| >= 2^127, else 0."""
+    n = x.shape[0]
+    nchunks = out.shape[0]
+    status = 0
+    for c in range(nchunks):
+        lo = c * nvals
+        hi = min(lo + nvals, n)
+        m = 0.0
+        for i in range(lo, hi):
+            a = abs(np.float64(x[i]))
+            if not (a <= 1.7976931348623157e308):  # NaN or Inf
+                return 1
+            if a > m:
+                m = a
+        if m == 0.0:
+            out[c] = EXP_NONE
+        else:
+            _, e = math.frexp(m)
+            if e > 127:
+                status = 2
+                e = 127
+            if e < -128:
+                e = -128
+            out[c] = e
+    return status
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _scale(exp, num_workers):
+    """(2^31 - 1) / (W * 2^e), in float64: finite even for e = -128."""
+    return INT32_MAX / (num_workers * math.ldexp(1.0, np.int64(exp)))
+
+
+@njit(cache=True, nogil=True)
+def _write_header(row, code, job_number, tsi, set_, slot, e0):
+    row[0] = np.uint8(0x10 | code)
+    row[1] = np.uint8(job_number)
+    row[2] = np.uint8((tsi >> 24) & 0xFF)
+    row[3] = np.uint8((tsi >> 16) & 0xFF)
+    row[4] = np.uint8((tsi >> 8) & 0xFF)
+    row[5] = np.uint8(tsi & 0xFF)
+    row[6] = np.uint8((set_ << 7) | ((slot >> 8) & 0x3F))
+    row[7] = np.uint8(slot & 0xFF)
+    row[8] = np.uint8(e0 & 0xFF)
+    row[9] = np.uint8(0)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _put_be32(row, o, v):
+    u = np.uint32(v & 0xFFFFFFFF)
+    row[o] = np.uint8(u >> np.uint32(24))
+    row[o + 1] = np.uint8((u >> np.uint32(16)) & np.uint32(0xFF))
+    row[o + 2] = np.uint8((u >> np.uint32(8)) & np.uint32(0xFF))
+    row[o + 3] = np.uint8(u & np.uint32(0xFF))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _get_be32(row, o):
+    u = (
+        (np.uint32(row[o]) << np.uint32(24))
+        | (np.uint32(row[o + 1]) << np.uint32(16))
+        | (np.uint32(row[o + 2]) << np.uint32(8))
+        | np.uint32(row[o + 3])
+    )
+    return np.int32(u)
+
+
+@njit(cache=True, nogil=True)
+def _fill_data(row, xi, xf, is_float, chunk, nvals, shared_exp, num_workers, limit):
+    """Quantize chunk ``chunk`` into the payload of ``row`` (zero-padded)."""
+    n = xf.shape[0] if is_float else xi.shape[0]
+    lo = chunk * nvals
+    hi = min(lo + nvals, n)
+    if is_float:
+        scale = _scale(shared_exp[chunk], num_workers)
+        for i in range(lo, hi):
+            q = np.rint(np.float64(xf[i]) * scale)
+            # rounding can step past (2^31-1)/W by < 1; clamp so W terms never overflow
+            if q > limit:
+                q = limit
+            elif q < -limit:
+                q = -limit
+            _put_be32(row, HEADER_LEN + 4 * (i - lo), np.int64(q))
+    else:
+        for i in range(lo, hi):
+            _put_be32(row, HEADER_LEN + 4 * (i - lo), np.int64(xi[i]))
+    for i in range(hi - lo, nvals):
+        _put_be32(row, HEADER_LEN + 4 * i, 0)
+
+
+@njit(cache=True, nogil=True)
+def _advance(s, now, rows, xi, xf, is_float, nchunks, nvals, nslots, num_workers, code,
+             job_number, chunk, cur_set, next_set, deadline, rto, tries, my_exp,
+             shared_exp, rto0, limit):  # fmt: skip
+    """Move slot s to its next chunk and build that packet; return False if done."""
+    c = chunk[s]
+    nxt = s if c == -1 else c + nslots
+    if nxt >= nchunks:
+        chunk[s] = DONE
+        return False
+    chunk[s] = nxt
+    st = next_set[s]
+    cur_set[s] = st
+    next_set[s] = 1 - st
+    e0 = 0
+    if is_float:
+        e0 = my_exp[nxt + nslots] if nxt + nslots < nchunks else EXP_NONE
+    row = rows[s]
+    _write_header(row, code, job_number, nxt, st, s, e0)
+    _fill_data(row, xi, xf, is_float, nxt, nvals, shared_exp, num_workers, limit)
+    deadline[s] = now + rto0
+    rto[s] = rto0
+    tries[s] = 0
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _start(now, rows, xi, xf, is_float, nchunks, nvals, nslots, num_workers, code,
+           job_number, chunk, cur_set, next_set, deadline, rto, tries, my_exp,
+           shared_exp, rto0, limit, send):  # fmt: skip
+    """Build the first packet of every slot in use; return how many to send."""
+    used = min(nslots, nchunks)
+    for s in range(used):
+        if is_float:
+            # exponent packet: values zero, e0 = exponent of chunk s
+            st = next_set[s]
+            cur_set[s] = st
+            next_set[s] = 1 - st
+            chunk[s] = -1
+            row = rows[s]
+            _write_header(row, code, job_number, EXP_TSI_BASE + s, st, s, my_exp[s])
+            for i in range(HEADER_LEN, HEADER_LEN + 4 * nvals):
+                row[i] = 0
+            deadline[s] = now + rto0
+            rto[s] = rto0
+            tries[s] = 0
+        else:
+            chunk[s] = s - nslots  # so that _advance moves it to chunk s
+            _advance(s, now, rows, xi, xf, is_float, nchunks, nvals, nslots, num_workers,
+                     code, job_number, chunk, cur_set, next_set, deadline, rto, tries,
+                     my_exp, shared_exp, rto0, limit)  # fmt: skip
+        send[s] = s
+    for s in range(used, nslots):
+        chunk[s] = DONE
+    return used
+
+
+@njit(cache=True, nogil=True)
+def _on_results(buf, lens, ok, n, now, rows, xi, xf, oi, of, is_float, nchunks, nvals,
+                nslots, num_workers, code, job_number, chunk, cur_set, next_set, deadline,
+                rto, tries, my_exp, shared_exp, rto0, limit, send, counters):  # fmt: skip
+    """Match a batch of received datagrams; store results, advance slots.
+
+    ``ok[r]`` is 0 for datagrams that did not come from the switch. Returns the
+    number of slots in ``send`` whose (new) packet must be sent, or -1 - s if
+    a result for slot s was accepted and its set matched but values could not
+    be stored (never happens with a consistent switch; kept for the caller's
+    error message)."""
+    n_send = 0
+    plen = HEADER_LEN + 4 * nvals
+    n_total = of.shape[0] if is_float else oi.shape[0]
+    for r in range(n):
+        row = buf[r]
+        if ok[r] == 0 or lens[r] != plen or row[0] != (0x10 | code) or row[1] != job_number:
+            counters[K_IGNORED] += 1
+            continue
+        pi = (np.int64(row[6]) << 8) | np.int64(row[7])
+        st = (pi >> 15) & 1
+        s = pi & 0x3FFF
+        if s >= nslots:
+            counters[K_IGNORED] += 1
+            continue
+        c = chunk[s]
+        if c == DONE or st != cur_set[s]:
+            counters[K_IGNORED] += 1
+            continue
+        tsi = (np.int64(row[2]) << 24) | (np.int64(row[3]) << 16) | (np.int64(row[4]) << 8) \
+            | np.int64(row[5])
+        expect = EXP_TSI_BASE + s if c == -1 else c
+        if tsi != expect:
+            counters[K_IGNORED] += 1
+            continue
+        e0 = np.int8(row[8])
+        counters[K_RESULTS] += 1
+        if c == -1:
+            shared_exp[s] = e0
+        else:
+            lo = c * nvals
+            hi = min(lo + nvals, n_total)
+            if is_float:
+                inv = 1.0 / _scale(shared_exp[c], num_workers)
+                for i in range(lo, hi):
+                    of[i] = np.float32(np.float64(_get_be32(row, HEADER_LEN + 4 * (i - lo))) * inv)
+            else:
+                for i in range(lo, hi):
+                    oi[i] = _get_be32(row, HEADER_LEN + 4 * (i - lo))
+            if is_float and c + nslots < nchunks:
+                shared_exp[c + nslots] = e0
+        if _advance(s, now, rows, xi, xf, is_float, nchunks, nvals, nslots, num_workers, code,
+                    job_number, chunk, cur_set, next_set, deadline, rto, tries, my_exp,
+                    shared_exp, rto0, limit):  # fmt: skip
+            send[n_send] = s
+            n_send += 1
+    return n_send
+
+
+@njit(cache=True, nogil=True)
+def _on_timer(now, chunk, deadline, rto, tries, rto_max, backoff_after, send, counters):
+    """Slots whose timer expired: resend (same packet), back off after repeats."""
+    n_send = 0
+    for s in range(chunk.shape[0]):
+        if chunk[s] == DONE or deadline[s] > now:
+            continue
+        tries[s] += 1
+        if tries[s] % backoff_after == 0:
+            rto[s] = min(rto[s] * 2.0, rto_max)
+        deadline[s] = now + rto[s]
+        send[n_send] = s
+        n_send += 1
+        counters[K_RETRANSMISSIONS] += 1
+    return n_send
+
+
+@njit(cache=True, nogil=True)
+def _next_deadline(chunk, deadline):
+    """Earliest deadline of an active slot (inf if none)."""
+    t = np.inf
+    for s in range(chunk.shape[0]):
+        if chunk[s] != DONE and deadline[s] < t:
+            t = deadline[s]
+    return t

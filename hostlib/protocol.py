@@ -1,0 +1,227 @@
+"""The worker side of SwitchML as a sans-IO state machine (PROTOCOL.md §3–§4).
+
+Theory of operation
+-------------------
+A :class:`WorkerProtocol` is one worker's membership of one job. It owns what
+outlives a single allreduce: the window size K (the job's pool size), the next
+shadow set of every slot (the parity continues across calls) and the count of
+calls (job_number = calls mod 256).
+
+:meth:`WorkerProtocol.allreduce` returns an :class:`Allreduce`, the state of one
+call. It never touches a socket or the clock; its caller (``hostlib.client`` or
+an in-memory test fabric) drives it::
+
+    op = proto.allreduce(x, out, now)
+    send(op.packets(op.initial()))                  # the first window
+    on datagrams: n = op.receive(buf, lens, ok, k, now); send(op.packets(n))
+    at op.get_timer(): n = op.handle_timer(now); send(op.packets(n))
+    until op.done; op.check(now) raises NoProgressError when nothing moves
+
+Each slot s carries chunks s, s+K, s+2K, ...: the result of one is the signal
+to send the next on the same slot with the other set. float32 calls first send
+one exponent-only packet per slot (tsi = 2^31 + s), whose result is the shared
+exponent of chunk s; every data packet then carries the exponent of the chunk
+K ahead (§4). The kernels in :mod:`hostlib.kernels` do all of it in batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from swemu import wire
+
+from . import kernels as K
+from .errors import NoProgressError
+
+SUPPORTED_DTYPES = (np.dtype(np.int32), np.dtype(np.float32))
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Retransmission and failure-detection settings (seconds).
+
+    Defaults: 20 ms initial timeout (p4app-switchML uses 10 ms on hardware; the
+    emulator shares the workers' CPUs, so a little more slack avoids spurious
+    resends), doubling after every 3 consecutive timeouts of a slot, capped at
+    0.5 s; an allreduce fails when no result at all arrived for 10 s.
+    """
+
+    timeout: float = 0.02
+    backoff_after: int = 3
+    max_timeout: float = 0.5
+    no_progress: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.timeout <= 0 or self.max_timeout < self.timeout or self.no_progress <= 0:
+            raise ValueError("need 0 < timeout <= max_timeout and no_progress > 0")
+        if self.backoff_after < 1:
+            raise ValueError("backoff_after must be at least 1")
+
+
+def check_input(x: np.ndarray, out: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Validate an allreduce's arrays; return flat C-contiguous views (in, out)."""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"allreduce takes a numpy array, got {type(x).__name__}")
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"allreduce supports int32 and float32 arrays, got {x.dtype}")
+    if not x.flags.c_contiguous:
+        raise ValueError("allreduce needs a C-contiguous array (use np.ascontiguousarray)")
+    if out is None:
+        out = np.empty_like(x)
+    else:
+        if not isinstance(out, np.ndarray) or out.dtype != x.dtype or out.shape != x.shape:
+            raise ValueError("out must be a numpy array of the same dtype and shape as x")
+        if not out.flags.c_contiguous or not out.flags.writeable:
+            raise ValueError("out must be C-contiguous and writeable")
+    return x.reshape(-1), out.reshape(-1)
+
+
+class WorkerProtocol:
+    """One worker's state in one job: window, set parity, call count."""
+
+    def __init__(
+        self,
+        *,
+        num_workers: int,
+        size_code: int = 3,
+        window: int = 128,
+        timing: Timing | None = None,
+    ) -> None:
+        if not 1 <= num_workers <= wire.MAX_WORKERS:
+            raise ValueError(f"num_workers must be in 1..{wire.MAX_WORKERS}")
+        if not 1 <= window <= wire.MAX_SLOTS:
+            raise ValueError(f"window must be in 1..{wire.MAX_SLOTS}")
+        self.num_workers = num_workers
+        self.size_code = wire.SizeCode(size_code)
+        self.nvals = wire.values_per_packet(size_code)
+        self.window = window
+        self.timing = timing or Timing()
+        self.next_set = np.zeros(window, np.uint8)
+        self.calls = 0
+        self.rows = np.zeros((window, wire.packet_len(size_code)), np.uint8)
+
+    def allreduce(self, x: np.ndarray, out: np.ndarray | None, now: float) -> Allreduce:
+        """Start one allreduce of ``x`` (validated here) into ``out``."""
+        flat_x, flat_out = check_input(x, out)
+        op = Allreduce(self, flat_x, flat_out, self.calls % 256, now)
+        self.calls += 1
+        return op
+
+
+class Allreduce:
+    """The state of one allreduce call (see the module docstring)."""
+
+    def __init__(
+        self, proto: WorkerProtocol, x: np.ndarray, out: np.ndarray, job_number: int, now: float
+    ) -> None:
+        self.proto = proto
+        self.job_number = job_number
+        self.is_float = x.dtype == np.float32
+        self.size = x.shape[0]
+        nv = proto.nvals
+        self.nchunks = (self.size + nv - 1) // nv
+        k = proto.window
+        self.chunk = np.full(k, K.DONE, np.int64)
+        self.cur_set = np.zeros(k, np.uint8)
+        self.deadline = np.zeros(k, np.float64)
+        self.rto = np.zeros(k, np.float64)
+        self.tries = np.zeros(k, np.int32)
+        self.send = np.zeros(k, np.int32)
+        self.counters = np.zeros(K.N_COUNTERS, np.int64)
+        self.my_exp = np.zeros(self.nchunks if self.is_float else 0, np.int8)
+        self.shared_exp = np.zeros_like(self.my_exp)
+        # the kernels take both typed views; the unused pair is empty
+        empty_i, empty_f = np.zeros(0, np.int32), np.zeros(0, np.float32)
+        if self.is_float:
+            self.xi, self.xf, self.oi, self.of = empty_i, x, empty_i, out
+        else:
+            self.xi, self.xf, self.oi, self.of = x, empty_f, out, empty_f
+        self.limit = float(K.INT32_MAX // proto.num_workers)
+        self.last_progress = now
+        self._started = False
+        if self.is_float:
+            status = K._chunk_exponents(x, nv, self.my_exp)
+            if status == 1:
+                raise ValueError("float32 input contains NaN or Inf; SwitchML cannot sum it")
+            if status == 2:
+                raise ValueError(
+                    "float32 input has |x| >= 2^127, beyond the int8 exponent of block "
+                    "floating point; scale it down before the allreduce"
+                )
+
+    @property
+    def done(self) -> bool:
+        return self.nchunks == 0 or (self._started and bool(np.all(self.chunk == K.DONE)))
+
+    def _args(self) -> tuple:
+        p = self.proto
+        return (
+            p.rows, self.xi, self.xf, self.is_float, self.nchunks, p.nvals, p.window,
+            p.num_workers, int(p.size_code), self.job_number, self.chunk, self.cur_set,
+            p.next_set, self.deadline, self.rto, self.tries, self.my_exp, self.shared_exp,
+            p.timing.timeout, self.limit,
+        )  # fmt: skip
+
+    def initial(self, now: float) -> int:
+        """Build the first window; return the count of slots in :attr:`send` to send."""
+        if self.nchunks == 0:
+            return 0
+        n = K._start(now, *self._args(), self.send)
+        self._started = True
+        self.counters[K.K_SENT] += n
+        return n
+
+    def receive(self, buf: np.ndarray, lens: np.ndarray, ok: np.ndarray, n: int, now: float) -> int:
+        """Feed ``n`` received datagrams (rows of ``buf``); ``ok[r]`` says it came
+        from the switch. Returns the count of slots in :attr:`send` to send."""
+        p = self.proto
+        before = self.counters[K.K_RESULTS]
+        m = K._on_results(
+            buf, lens, ok, n, now, p.rows, self.xi, self.xf, self.oi, self.of, self.is_float,
+            self.nchunks, p.nvals, p.window, p.num_workers, int(p.size_code), self.job_number,
+            self.chunk, self.cur_set, p.next_set, self.deadline, self.rto, self.tries,
+            self.my_exp, self.shared_exp, p.timing.timeout, self.limit, self.send, self.counters,
+        )  # fmt: skip
+        if self.counters[K.K_RESULTS] != before:
+            self.last_progress = now
+        self.counters[K.K_SENT] += m
+        return m
+
+    def get_timer(self) -> float:
+        """When :meth:`handle_timer` should next run (inf when done)."""
+        return float(K._next_deadline(self.chunk, self.deadline))
+
+    def handle_timer(self, now: float) -> int:
+        """Retransmit expired slots; return the count of slots in :attr:`send`."""
+        t = self.proto.timing
+        m = K._on_timer(now, self.chunk, self.deadline, self.rto, self.tries,
+                        t.max_timeout, t.backoff_after, self.send, self.counters)  # fmt: skip
+        self.counters[K.K_SENT] += m
+        return m
+
+    def check(self, now: float, where: str = "the switch") -> None:
+        """Raise :class:`NoProgressError` if no result arrived for too long."""
+        limit = self.proto.timing.no_progress
+        if self.done or now - self.last_progress < limit:
+            return
+        active = np.flatnonzero(self.chunk != K.DONE)
+        oldest = int(active[np.argmin(self.chunk[active])])
+        c = int(self.chunk[oldest])
+        what = "the exponent packet" if c == -1 else f"chunk {c}"
+        done_chunks = int(np.sum(self.chunk == K.DONE))
+        raise NoProgressError(
+            f"allreduce #{self.proto.calls - 1} (job_number {self.job_number}): no result for "
+            f"{what} on slot {oldest} (set {int(self.cur_set[oldest])}) from {where} for "
+            f"{now - self.last_progress:.1f} s after {int(self.tries[oldest])} retransmissions; "
+            f"{done_chunks}/{len(self.chunk)} slots finished. A peer may have died or stalled, "
+            f"or the switch is unreachable.",
+            chunk=c,
+            slot=oldest,
+        )
+
+    def packets(self, n: int) -> list[memoryview]:
+        """The datagrams of the first ``n`` slots in :attr:`send` (views of the rows)."""
+        rows = self.proto.rows
+        return [memoryview(rows[s]) for s in self.send[:n].tolist()]
