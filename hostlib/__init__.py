@@ -170,7 +170,7 @@ def _kwargs(local: dict[str, Any]) -> dict[str, Any]:
 def env_options(environ: dict[str, str] | None = None) -> dict[str, Any]:
     """Connection arguments from the environment ``switchml run`` sets:
     RANK, WORLD_SIZE (as torchrun), SWITCHML_SWITCH, SWITCHML_CONTROL,
-    SWITCHML_SESSION_ID, SWITCHML_PACKET_SIZE, SWITCHML_WINDOW."""
+    SWITCHML_SESSION_ID, SWITCHML_PACKET_SIZE, SWITCHML_WINDOW, SWITCHML_NO_PROGRESS."""
     env = os.environ if environ is None else environ
     if "RANK" not in env or "WORLD_SIZE" not in env:
         raise SwitchMLError(
@@ -190,6 +190,8 @@ def env_options(environ: dict[str, str] | None = None) -> dict[str, Any]:
         "session_id": num("SESSION_ID"),
         "packet_size": num("PACKET_SIZE"),
         "window": num("WINDOW"),
+        "no_progress": float(env[ENV_PREFIX + "NO_PROGRESS"])
+        if env.get(ENV_PREFIX + "NO_PROGRESS") else None,
     }
 
 

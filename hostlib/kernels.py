@@ -192,16 +192,18 @@ def _start(now, rows, xi, xf, is_float, nchunks, nvals, nslots, num_workers, cod
 @njit(cache=True, nogil=True)
 def _on_results(buf, lens, ok, n, now, rows, xi, xf, oi, of, is_float, nchunks, nvals,
                 nslots, num_workers, code, job_number, chunk, cur_set, next_set, deadline,
-                rto, tries, my_exp, shared_exp, rto0, limit, send, counters):  # fmt: skip
+                rto, tries, my_exp, shared_exp, rto_min, rto_max, rtt, limit, send,
+                counters):  # fmt: skip
     """Match a batch of received datagrams; store results, advance slots.
 
     ``ok[r]`` is 0 for datagrams that did not come from the switch. Returns the
-    number of slots in ``send`` whose (new) packet must be sent, or -1 - s if
-    a result for slot s was accepted and its set matched but values could not
-    be stored (never happens with a consistent switch; kept for the caller's
-    error message)."""
+    number of slots in ``send`` whose (new) packet must be sent. ``rtt`` holds
+    the smoothed round-trip time, its variance and the sample count; a new
+    packet's timeout is ``srtt + 4 rttvar`` within ``[rto_min, rto_max]``, so a
+    loaded machine does not turn slow results into a retransmission storm."""
     n_send = 0
     plen = HEADER_LEN + 4 * nvals
+    rto0 = min(max(rto_min, rtt[0] + 4.0 * rtt[1]), rto_max) if rtt[2] > 0 else rto_min
     n_total = of.shape[0] if is_float else oi.shape[0]
     for r in range(n):
         row = buf[r]
@@ -226,6 +228,18 @@ def _on_results(buf, lens, ok, n, now, rows, xi, xf, oi, of, is_float, nchunks, 
             continue
         e0 = np.int8(row[8])
         counters[K_RESULTS] += 1
+        if tries[s] == 0:
+            # RTT sample (Karn: never from a retransmitted packet), RFC 6298 smoothing
+            sample = now - (deadline[s] - rto[s])
+            if rtt[2] == 0:
+                rtt[0] = sample
+                rtt[1] = sample / 2
+            else:
+                rtt[1] = 0.75 * rtt[1] + 0.25 * abs(rtt[0] - sample)
+                rtt[0] = 0.875 * rtt[0] + 0.125 * sample
+            rtt[2] += 1
+            rto_new = rtt[0] + 4.0 * rtt[1]
+            rto0 = min(max(rto_min, rto_new), rto_max)
         if c == -1:
             shared_exp[s] = e0
         else:

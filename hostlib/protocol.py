@@ -42,10 +42,13 @@ SUPPORTED_DTYPES = (np.dtype(np.int32), np.dtype(np.float32))
 class Timing:
     """Retransmission and failure-detection settings (seconds).
 
-    Defaults: 20 ms initial timeout (p4app-switchML uses 10 ms on hardware; the
-    emulator shares the workers' CPUs, so a little more slack avoids spurious
-    resends), doubling after every 3 consecutive timeouts of a slot, capped at
-    0.5 s; an allreduce fails when no result at all arrived for 10 s.
+    ``timeout`` is the first packets' timeout and the floor of the adaptive one:
+    once results arrive, a new packet waits ``srtt + 4·rttvar`` (RFC 6298
+    smoothing, no samples from retransmitted packets), so that a machine shared
+    with the emulator does not resend results that are merely late. A slot that
+    times out ``backoff_after`` times in a row doubles its timeout, up to
+    ``max_timeout``. An allreduce fails when no result at all arrived for
+    ``no_progress``. (p4app-switchML: fixed 10 ms, doubling after 100 timeouts.)
     """
 
     timeout: float = 0.02
@@ -101,6 +104,7 @@ class WorkerProtocol:
         self.next_set = np.zeros(window, np.uint8)
         self.calls = 0
         self.rows = np.zeros((window, wire.packet_len(size_code)), np.uint8)
+        self.rtt = np.zeros(3, np.float64)  # smoothed RTT, RTT variance, samples
 
     def allreduce(self, x: np.ndarray, out: np.ndarray | None, now: float) -> Allreduce:
         """Start one allreduce of ``x`` (validated here) into ``out``."""
@@ -182,7 +186,8 @@ class Allreduce:
             buf, lens, ok, n, now, p.rows, self.xi, self.xf, self.oi, self.of, self.is_float,
             self.nchunks, p.nvals, p.window, p.num_workers, int(p.size_code), self.job_number,
             self.chunk, self.cur_set, p.next_set, self.deadline, self.rto, self.tries,
-            self.my_exp, self.shared_exp, p.timing.timeout, self.limit, self.send, self.counters,
+            self.my_exp, self.shared_exp, p.timing.timeout, p.timing.max_timeout, p.rtt,
+            self.limit, self.send, self.counters,
         )  # fmt: skip
         if self.counters[K.K_RESULTS] != before:
             self.last_progress = now

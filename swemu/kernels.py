@@ -206,8 +206,8 @@ def _process_batch(
             out_buf[r, b] = buf[r, b]
         out_buf[r, 6] = (s << 7) | (slot >> 8)
         out_buf[r, 7] = slot & 0xFF
-        out_buf[r, 8] = np.uint8(ex[2 * k] & 0xFF)
-        out_buf[r, 9] = np.uint8(ex[2 * k + 1] & 0xFF)
+        out_buf[r, 8] = np.uint8(np.int64(ex[2 * k]) & 0xFF)
+        out_buf[r, 9] = np.uint8(np.int64(ex[2 * k + 1]) & 0xFF)
         for i in range(nvals):
             o = HEADER_LEN + 4 * i
             v = vals[base + i]

@@ -193,7 +193,7 @@ class Emulator:
         self.switch_mac = switch_mac
         self.port = 0
         self.control_port = 0
-        self.sync = SyncService()
+        self.sync_service = SyncService()
         self._sock: socket.socket | None = None
         self._data: DataPlane | None = None
         self._grpc = None
@@ -234,7 +234,7 @@ class Emulator:
                 on_register=lambda *_: self._arm_timer(),
             )
             self._grpc, self.control_port = await start_control_server(
-                self.control_host, self.requested_control_port, (session, self.sync)
+                self.control_host, self.requested_control_port, (session, self.sync_service)
             )
         except BaseException:
             self._sock.close()
@@ -264,7 +264,7 @@ class Emulator:
             self._timer.cancel()
         if self._data is not None:
             self._data.stop()
-        self.sync.cancel_all("emulator shutting down")
+        self.sync_service.cancel_all("emulator shutting down")
         if self._grpc is not None:
             await self._grpc.stop(grace=0.5)
         if self._sock is not None:

@@ -1,0 +1,5 @@
+"""Command-line tools: ``switchml-emu`` (the switch) and ``switchml`` (the workers).
+
+One module per command, registered on the two root groups in :mod:`cli.main`;
+heavy imports happen inside the commands so that ``--help`` is instant.
+"""

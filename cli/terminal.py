@@ -1,0 +1,78 @@
+"""The one object that owns the terminal: stdout and stderr consoles, messages."""
+
+from __future__ import annotations
+
+import click
+from rich.console import Console
+
+
+class CLIError(click.ClickException):
+    """An expected failure: printed as one line on stderr, exit code 1 (or ``code``)."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = code
+
+    def show(self, file=None) -> None:  # noqa: ARG002 (click's signature)
+        terminal.error(self.format_message())
+
+
+class Terminal:
+    """stdout for results, stderr for everything said about them."""
+
+    def __init__(self) -> None:
+        self.out = Console(highlight=False)
+        self.err = Console(stderr=True, highlight=False)
+
+    def error(self, message: str) -> None:
+        self.err.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
+
+    def warning(self, message: str) -> None:
+        self.err.print(f"[yellow]warning:[/] {message}", soft_wrap=True)
+
+    def info(self, message: str) -> None:
+        self.err.print(message, soft_wrap=True)
+
+    def success(self, message: str) -> None:
+        self.err.print(f"[green]{message}[/]", soft_wrap=True)
+
+
+terminal = Terminal()
+
+
+def parse_size(text: str) -> int:
+    """``16Mi``, ``1MiB``, ``4k``, ``1000000`` -> an integer (binary or decimal suffixes)."""
+    t = text.strip().replace("_", "")
+    units = {
+        "": 1, "k": 10**3, "m": 10**6, "g": 10**9,
+        "ki": 2**10, "mi": 2**20, "gi": 2**30,
+        "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9, "b": 1,
+    }  # fmt: skip
+    num = t.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    unit = t[len(num):].lower()
+    if unit not in units or not num:
+        raise click.BadParameter(f"{text!r} is not a size (examples: 1000, 16Mi, 64MiB)")
+    try:
+        value = float(num) * units[unit]
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a size (examples: 1000, 16Mi, 64MiB)") from None
+    if value < 0 or value != int(value):
+        raise click.BadParameter(f"{text!r} must be a whole, non-negative number")
+    return int(value)
+
+
+class SizeType(click.ParamType):
+    """A click parameter for sizes with suffixes."""
+
+    name = "size"
+
+    def convert(self, value, param, ctx):  # noqa: ANN001
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(value)
+        except click.BadParameter as exc:
+            self.fail(exc.message, param, ctx)
+
+
+SIZE = SizeType()

@@ -1,0 +1,1 @@
+"""Optional integrations that pull in third-party packages the core never imports."""

@@ -1,0 +1,88 @@
+"""Shared fixtures: in-process emulators under both event loops, packet helpers."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import numpy as np
+import pytest
+
+from swemu import wire
+
+LOCALHOST = 0x7F000001
+
+
+def pytest_asyncio_loop_factories(config, item):  # noqa: ANN001, ARG001
+    """Every async test runs under the default asyncio loop and under uvloop."""
+    factories = {"asyncio": asyncio.new_event_loop}
+    try:
+        import uvloop
+    except ImportError:
+        return factories
+    factories["uvloop"] = uvloop.new_event_loop
+    return factories
+
+
+def packet(slot: int = 0, set: int = 0, values=None, *, code: int = 0, tsi: int = 0,
+           job: int = 0, e0: int = 0, e1: int = 0) -> bytes:  # fmt: skip
+    """A SwitchML packet; ``values`` may be a scalar (filled) or a sequence (zero-padded)."""
+    n = wire.values_per_packet(code)
+    arr = np.zeros(n, np.int32)
+    if values is not None:
+        v = np.atleast_1d(np.asarray(values, np.int64))
+        if v.size == 1:
+            arr[:] = v[0]
+        else:
+            arr[: v.size] = v
+    return wire.encode(size_code=code, job_number=job, tsi=tsi, set=set, slot=slot,
+                       values=arr, e0=e0, e1=e1)  # fmt: skip
+
+
+class UdpPeer:
+    """A blocking UDP socket on 127.0.0.1 for talking to a real emulator."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind((host, 0))
+        self.sock.setblocking(False)
+        self.port = self.sock.getsockname()[1]
+
+    def send(self, data: bytes, addr: tuple[str, int]) -> None:
+        self.sock.sendto(data, addr)
+
+    async def recv(self, timeout: float = 2.0) -> tuple[bytes, tuple[str, int]] | None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            try:
+                return self.sock.recvfrom(65536)
+            except BlockingIOError:
+                await asyncio.sleep(0.002)
+        return None
+
+    async def recv_all(self, quiet: float = 0.15) -> list[bytes]:
+        """Everything that arrives until ``quiet`` seconds pass without a datagram."""
+        out = []
+        while True:
+            got = await self.recv(quiet)
+            if got is None:
+                return out
+            out.append(got[0])
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def peers():
+    made: list[UdpPeer] = []
+
+    def make(n: int, host: str = "127.0.0.1") -> list[UdpPeer]:
+        new = [UdpPeer(host) for _ in range(n)]
+        made.extend(new)
+        return new
+
+    yield make
+    for p in made:
+        p.close()

@@ -1,0 +1,439 @@
+"""swemu.decode: captures become per-slot timelines with the switch's own view.
+
+Small hand-built exchanges check each classification rule with the expected
+kinds written out from the scenario; a simulated run through the real
+:class:`swemu.engine.SwitchEngine`, recorded the way a server would record it,
+checks that the decoder agrees with every action the switch took.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from swemu import wire
+from swemu.decode import (
+    CONTRIBUTION,
+    FROM_SWITCH,
+    MALFORMED,
+    MULTICAST,
+    RETRANSMISSION,
+    TO_SWITCH,
+    UNICAST,
+    Event,
+    render_timeline,
+    summary,
+    timeline,
+)
+from swemu.pcap import PcapWriter, read_pcap
+
+IP = wire.ipv4_to_int
+SWITCH = (IP("10.0.0.100"), 0xBEE3)
+A = (IP("10.0.0.1"), 40001)
+B = (IP("10.0.0.2"), 40002)
+SLOT, TSI, JOB = 4242, 123457, 3
+OTHER_SLOT, OTHER_TSI = 17, 98765
+T0 = 1_700_000_000.0
+
+
+def pkt(
+    slot: int = SLOT, tsi: int = TSI, set_: int = 0, job: int = JOB, fill: int = 1, e0: int = 0
+) -> bytes:
+    return wire.encode(
+        size_code=0,
+        job_number=job,
+        tsi=tsi,
+        set=set_,
+        slot=slot,
+        e0=e0,
+        values=np.arange(32) * fill,
+    )
+
+
+def capture(tmp_path: Path, traffic, **kw) -> list[Event]:
+    """Write ``(data, src, dst, dt)`` with PcapWriter, read it back, decode it."""
+    path = tmp_path / "x.pcap"
+    with PcapWriter(path, **kw) as w:
+        for data, src, dst, dt in traffic:
+            assert w.write(data, src, dst, T0 + dt)
+    return timeline(read_pcap(path))
+
+
+def exchange() -> list[tuple[bytes, tuple, tuple, float]]:
+    """The brief's exchange on one slot, plus another slot and a DNS packet."""
+    result = pkt(fill=3)
+    return [
+        (b"\x00" * 30, A, (IP("8.8.8.8"), 53), -0.5),  # not SwitchML: ignored
+        (pkt(fill=1), A, SWITCH, 0.0),
+        (pkt(fill=2), B, SWITCH, 0.001),
+        (result, SWITCH, A, 0.00105),
+        (result, SWITCH, B, 0.00106),
+        (pkt(fill=1), A, SWITCH, 0.050),  # A lost its result and resends
+        (result, SWITCH, A, 0.05002),
+        (b"\x10\x00\x01", B, SWITCH, 0.060),  # malformed: shorter than a header
+        (pkt(OTHER_SLOT, OTHER_TSI, fill=5), A, SWITCH, 0.070),
+    ]
+
+
+def test_exchange_classification(tmp_path: Path) -> None:
+    events = capture(tmp_path, exchange())
+    got = [(e.kind, e.direction, e.worker) for e in events]
+    assert got == [
+        (CONTRIBUTION, TO_SWITCH, A),
+        (CONTRIBUTION, TO_SWITCH, B),
+        (MULTICAST, FROM_SWITCH, A),
+        (MULTICAST, FROM_SWITCH, B),
+        (RETRANSMISSION, TO_SWITCH, A),
+        (UNICAST, FROM_SWITCH, A),
+        (MALFORMED, TO_SWITCH, B),
+        (CONTRIBUTION, TO_SWITCH, A),
+    ]
+    assert [e.frame for e in events] == list(range(2, 10))  # frame 1 is the DNS packet
+    assert all(e.switch == SWITCH for e in events)
+    assert events[0].time == 0.0 and events[5].time == pytest.approx(0.05002, abs=2e-6)
+    first = events[0]
+    assert (first.set, first.slot, first.tsi, first.job_number) == (0, SLOT, TSI, JOB)
+    assert first.values == (0, 1, 2, 3) and events[2].values == (0, 3, 6, 9)
+    assert events[2].group == events[3].group == 0 and events[2].fanout == 2
+    assert events[5].group is None and events[5].fanout == 1
+    assert events[6].slot is None and "shorter than" in events[6].note
+
+
+def test_exchange_summary(tmp_path: Path) -> None:
+    s = summary(capture(tmp_path, exchange()))
+    a, b = "10.0.0.1:40001", "10.0.0.2:40002"
+    assert s["workers"][a] == {
+        "packets": 3,
+        "contributions": 2,
+        "retransmissions": 1,
+        "results_multicast": 1,
+        "results_unicast": 1,
+        "malformed": 0,
+    }
+    assert s["workers"][b] == {
+        "packets": 2,
+        "contributions": 1,
+        "retransmissions": 0,
+        "results_multicast": 1,
+        "results_unicast": 0,
+        "malformed": 1,
+    }
+    assert s["results"] == {"multicast": 1, "multicast_packets": 2, "unicast": 1}
+    assert (s["malformed"], s["retransmissions"], s["events"], s["slots"]) == (1, 1, 8, 2)
+    assert s["switches"] == ["10.0.0.100:48867"]
+    json.dumps(s)  # JSON-ready, for --json
+
+
+def render(table) -> str:
+    console = Console(record=True, width=200)
+    console.print(table)
+    return console.export_text()
+
+
+def test_render_timeline(tmp_path: Path) -> None:
+    events = capture(tmp_path, exchange())
+    text = render(render_timeline(events))
+    for needle in (
+        str(TSI),
+        str(OTHER_TSI),
+        f"{SWITCH[1]:#x}:{SLOT}",
+        f"{SWITCH[1]:#x}:{OTHER_SLOT}",
+        "10.0.0.1:40001",
+        "result (multicast)",
+        "result (unicast)",
+        "retransmission",
+        "malformed",
+        "shorter than",
+    ):
+        assert needle in text, needle
+    # sections in slot order: slot 17 comes before slot 4242 although it was sent last
+    assert text.index(f":{OTHER_SLOT}") < text.index(f":{SLOT}")
+
+    one = render(render_timeline(events, slot=OTHER_SLOT))
+    assert str(OTHER_TSI) in one and str(TSI) not in one and "malformed" not in one
+
+    head = render(render_timeline(events, limit=2))
+    assert "2 of 8 events" in head and "6 more events" in head
+    assert "result (multicast)" not in head  # results come third and fourth
+
+
+def test_event_to_dict_is_json_ready(tmp_path: Path) -> None:
+    events = capture(tmp_path, exchange())
+    d = json.loads(json.dumps([e.to_dict() for e in events]))
+    assert d[0]["worker"] == "10.0.0.1:40001" and d[0]["switch"] == "10.0.0.100:48867"
+    assert d[0]["tsi"] == TSI and d[0]["values"] == [0, 1, 2, 3]
+    assert d[6]["kind"] == "malformed" and d[6]["slot"] is None
+
+
+def test_single_worker_job_multicasts_to_one(tmp_path: Path) -> None:
+    """With W = 1 every new packet completes its slot: a multicast that reaches one worker."""
+    r = pkt(fill=1)
+    events = capture(
+        tmp_path,
+        [
+            (pkt(), A, SWITCH, 0.0),
+            (r, SWITCH, A, 0.0001),
+            (pkt(), A, SWITCH, 0.01),
+            (r, SWITCH, A, 0.0101),
+        ],
+    )
+    assert [e.kind for e in events] == [CONTRIBUTION, MULTICAST, RETRANSMISSION, UNICAST]
+    assert events[1].fanout == 1
+
+
+def test_set_reuse_is_flagged(tmp_path: Path) -> None:
+    """A worker that forgets to flip the set looks like a retransmission to the switch."""
+    events = capture(
+        tmp_path,
+        [
+            (pkt(tsi=1, set_=0), A, SWITCH, 0.0),
+            (pkt(tsi=1, set_=0, fill=9), SWITCH, A, 0.001),
+            (pkt(tsi=2, set_=1), A, SWITCH, 0.002),  # correct: next chunk, flipped set
+            (pkt(tsi=2, set_=1, fill=9), SWITCH, A, 0.003),
+            (pkt(tsi=1, set_=1, job=JOB + 1), A, SWITCH, 0.004),  # next call, same set again: bug
+            (pkt(tsi=1, set_=0, job=JOB + 1), A, SWITCH, 0.005),  # flipped: fine
+        ],
+    )
+    kinds = [e.kind for e in events]
+    assert kinds == [CONTRIBUTION, MULTICAST, CONTRIBUTION, MULTICAST, RETRANSMISSION, CONTRIBUTION]
+    assert "not flipped" in events[4].note and "tsi 2" in events[4].note
+    assert all("not flipped" not in e.note for i, e in enumerate(events) if i != 4)
+
+
+def test_multicast_copies_are_grouped_by_bytes_and_instant(tmp_path: Path) -> None:
+    r1, r2 = pkt(fill=7), pkt(slot=5, tsi=9, fill=7)
+    events = capture(
+        tmp_path,
+        [
+            (pkt(), A, SWITCH, 0.0),
+            (pkt(), B, SWITCH, 0.0),
+            (pkt(slot=5, tsi=9), A, SWITCH, 0.0),
+            (pkt(slot=5, tsi=9), B, SWITCH, 0.0),
+            # two multicasts interleaved: grouped by their bytes
+            (r1, SWITCH, A, 0.001),
+            (r2, SWITCH, A, 0.001),
+            (r2, SWITCH, B, 0.001),
+            (r1, SWITCH, B, 0.001),
+        ],
+    )
+    res = events[4:]
+    assert all(e.kind == MULTICAST and e.fanout == 2 for e in res)
+    assert res[0].group == res[3].group != res[1].group == res[2].group
+    assert summary(events)["results"]["multicast"] == 2
+    # a copy too late, or with other bytes, is not part of the multicast: it is a unicast
+    late = capture(
+        tmp_path,
+        [
+            (pkt(), A, SWITCH, 0.0),
+            (pkt(), B, SWITCH, 0.0),
+            (r1, SWITCH, A, 0.0001),
+            (r1, SWITCH, B, 0.2),
+        ],
+    )
+    assert [e.kind for e in late[2:]] == [MULTICAST, UNICAST] and late[2].fanout == 1
+    other = capture(
+        tmp_path,
+        [
+            (pkt(), A, SWITCH, 0.0),
+            (pkt(), B, SWITCH, 0.0),
+            (r1, SWITCH, A, 0.0001),
+            (pkt(fill=8), SWITCH, B, 0.0001),
+        ],
+    )
+    assert [e.kind for e in other[2:]] == [MULTICAST, UNICAST]
+
+
+def test_unicasts_to_several_workers_are_not_a_multicast(tmp_path: Path) -> None:
+    """Two workers retransmit into a complete slot in the same instant: the switch
+    answers each with the same bytes, but the round's multicast was already sent."""
+    r = pkt(fill=3)
+    events = capture(
+        tmp_path,
+        [
+            (pkt(), A, SWITCH, 0.0),
+            (pkt(), B, SWITCH, 0.0),
+            (r, SWITCH, A, 0.0001),
+            (r, SWITCH, B, 0.0001),
+            (pkt(), A, SWITCH, 0.05),
+            (pkt(), B, SWITCH, 0.05),
+            (r, SWITCH, A, 0.0501),
+            (r, SWITCH, B, 0.0501),
+        ],
+    )
+    assert [e.kind for e in events[4:]] == [RETRANSMISSION] * 2 + [UNICAST] * 2
+    assert summary(events)["results"] == {"multicast": 1, "multicast_packets": 2, "unicast": 2}
+
+
+def test_each_round_of_a_set_has_its_own_multicast(tmp_path: Path) -> None:
+    traffic = []
+    for i, tsi in enumerate((1, 2, 3)):  # sets 0, 1, 0: the third round reuses set 0
+        t, s = i * 0.01, tsi % 2 ^ 1
+        traffic += [
+            (pkt(tsi=tsi, set_=s), A, SWITCH, t),
+            (pkt(tsi=tsi, set_=s), B, SWITCH, t),
+            (pkt(tsi=tsi, set_=s, fill=3), SWITCH, A, t + 0.001),
+            (pkt(tsi=tsi, set_=s, fill=3), SWITCH, B, t + 0.001),
+        ]
+    events = capture(tmp_path, traffic)
+    assert [e.kind for e in events] == [CONTRIBUTION] * 2 + [MULTICAST] * 2 + (
+        [CONTRIBUTION] * 2 + [MULTICAST] * 2
+    ) * 2
+    assert [e.group for e in events if e.kind == MULTICAST] == [0, 0, 1, 1, 2, 2]
+
+
+def test_worker_side_capture(tmp_path: Path) -> None:
+    """On a worker host only its own copy shows: a retransmission that is still
+    pending, then the multicast another worker's packet triggered."""
+    r = pkt(fill=3)
+    events = capture(
+        tmp_path,
+        [
+            (pkt(), A, SWITCH, 0.0),
+            (pkt(), A, SWITCH, 0.01),
+            (r, SWITCH, A, 0.012),
+            (r, SWITCH, A, 0.02),
+        ],
+    )
+    assert [e.kind for e in events] == [CONTRIBUTION, RETRANSMISSION, MULTICAST, UNICAST]
+
+
+def test_truncated_and_odd_packets_never_crash(tmp_path: Path) -> None:
+    long = wire.encode(size_code=3, job_number=0, tsi=0, set=0, slot=0, values=np.zeros(256))
+    bad_type = bytes([0x20]) + pkt()[1:]
+    exp = pkt(tsi=wire.EXP_TSI_BASE + 5, e0=-7)
+    worker_on_switch_port = (IP("10.0.0.7"), 0xBEE1)  # both ports in 0xBEE0-0xBEEF
+    events = capture(
+        tmp_path,
+        [
+            (long, A, SWITCH, 0.0),
+            (bad_type, A, SWITCH, 0.1),
+            (b"", B, SWITCH, 0.2),
+            (pkt() + b"\x00" * 4, B, SWITCH, 0.3),
+            (exp, A, SWITCH, 0.4),
+            (pkt(slot=1), worker_on_switch_port, SWITCH, 0.5),
+            (pkt(slot=1), SWITCH, worker_on_switch_port, 0.6),
+        ],
+        snaplen=500,
+    )
+    assert [e.kind for e in events] == [MALFORMED] * 4 + [CONTRIBUTION, CONTRIBUTION, MULTICAST]
+    assert events[0].note.startswith("truncated in the capture")
+    assert "msg_type 2" in events[1].note
+    assert events[4].e0 == -7 and "exponent packet of chunk 5" in events[4].note
+    assert events[5].direction == TO_SWITCH and events[6].direction == FROM_SWITCH
+    assert events[6].worker == worker_on_switch_port
+    render(render_timeline(events))  # renders malformed rows too
+
+
+def test_empty_capture(tmp_path: Path) -> None:
+    events = capture(tmp_path, [(b"x", A, (1, 53), 0.0)])
+    assert events == []
+    assert summary(events)["events"] == 0
+    assert "0 of 0 events" in render(render_timeline(events))
+
+
+# ----------------------------------------------------- against the real switch
+@pytest.mark.parametrize("seed", [0, 1])
+def test_decoder_agrees_with_the_switch(tmp_path: Path, seed: int) -> None:
+    """Workers with lossy links run through SwitchEngine; the capture is recorded
+    as a server would (input rows, then result rows per destination). Every
+    decoded event must match the action the switch took for it."""
+    from swemu.engine import Action, Batch, SwitchEngine
+
+    rng = np.random.default_rng(seed)
+    num_workers, pool, chunks, loss = 3, 4, 24, 0.25
+    workers = [(IP(f"10.0.1.{w + 1}"), 41000 + w) for w in range(num_workers)]
+    switch = (IP("10.0.0.100"), wire.DEFAULT_UDP_PORT)
+    engine = SwitchEngine()
+    for rank, (ip, port) in enumerate(workers):
+        engine.register(
+            session_id=7,
+            rank=rank,
+            num_workers=num_workers,
+            ipv4=ip,
+            udp_port=port,
+            packet_size=0,
+            pool_size=pool,
+        )
+    # per worker and slot: the chunk it works on (None when done) and the set it uses
+    chunk = [[s if s < chunks else None for s in range(pool)] for _ in workers]
+    sets = [[0] * pool for _ in workers]
+    expected: list[str] = []
+    path = tmp_path / "run.pcap"
+    batch = Batch(capacity=num_workers * pool + 1)
+    with PcapWriter(path) as cap:
+        for tick in range(400):
+            if all(c is None for row in chunk for c in row):
+                break
+            batch.n = 0
+            sends = [
+                (w, s)
+                for w in range(num_workers)
+                for s in range(pool)
+                if chunk[w][s] is not None and rng.random() > loss
+            ]
+            rng.shuffle(sends)
+            for w, s in sends:
+                c = chunk[w][s]
+                batch.add(
+                    wire.encode(
+                        size_code=0,
+                        job_number=1,
+                        tsi=c,
+                        set=sets[w][s],
+                        slot=s,
+                        values=np.full(32, w + c),
+                    ),
+                    *workers[w],
+                )
+            if rng.random() < 0.2:  # now and then a malformed packet from a registered worker
+                batch.add(b"\x10\x00\x00", *workers[int(rng.integers(num_workers))])
+            if batch.n == 0:
+                continue
+            ts = 1000.0 + tick * 0.01
+            engine.process(batch, now=ts)
+            n, nd = batch.n, batch.n_dest
+            cap.write_batch(
+                batch.buf[:n], batch.lens[:n], batch.ip[:n], batch.port[:n], *switch, ts
+            )
+            cap.write_batch(
+                batch.out_buf,
+                batch.out_len,
+                *switch,
+                batch.dest_ip[:nd],
+                batch.dest_port[:nd],
+                ts + 1e-5,
+                rows=batch.dest_row[:nd],
+            )
+            by_action = {
+                Action.AGGREGATED: CONTRIBUTION,
+                Action.MULTICAST: CONTRIBUTION,
+                Action.RETRANSMIT_PENDING: RETRANSMISSION,
+                Action.UNICAST: RETRANSMISSION,
+                Action.DROP_MALFORMED: MALFORMED,
+            }
+            expected += [by_action[Action(int(a))] for a in batch.action[:n]]
+            for d in range(nd):
+                row = int(batch.dest_row[d])
+                sent = Action(int(batch.action[row]))
+                expected.append(MULTICAST if sent == Action.MULTICAST else UNICAST)
+                if rng.random() < loss:
+                    continue  # the result is lost on the way to the worker
+                res = wire.decode(batch.out_buf[row, : batch.out_len[row]].tobytes())
+                w = workers.index((int(batch.dest_ip[d]), int(batch.dest_port[d])))
+                if chunk[w][res.slot] == res.tsi and sets[w][res.slot] == res.set:
+                    nxt = res.tsi + pool
+                    chunk[w][res.slot] = nxt if nxt < chunks else None
+                    sets[w][res.slot] ^= 1
+        else:
+            pytest.fail("the simulated allreduce did not finish")
+    events = timeline(read_pcap(path))
+    assert [e.kind for e in events] == expected
+    kinds = set(expected)
+    assert {CONTRIBUTION, RETRANSMISSION, MULTICAST, UNICAST, MALFORMED} <= kinds
+    s = summary(events)
+    assert s["results"]["multicast_packets"] == num_workers * s["results"]["multicast"]
+    assert s["results"]["multicast"] == chunks
