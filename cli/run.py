@@ -15,30 +15,80 @@ from .terminal import SIZE, CLIError, terminal
 
 
 @click.command(context_settings={"ignore_unknown_options": False})
-@click.option("--workers", "-n", required=True, type=click.IntRange(1, 32),
-              help="Number of worker processes (world size).")
-@click.option("--switch", default=None, metavar="HOST:PORT",
-              help="Data plane of a running switch [default: start a local emulator].")
-@click.option("--control", default=None, metavar="HOST:PORT",
-              help="Control plane of that switch [default: the switch's host, port 50099].")
-@click.option("--size", default="16Mi", show_default=True, type=SIZE,
-              help="Tensor size in bytes per worker (suffixes Ki, Mi, Gi).")
-@click.option("--dtype", default="float32", show_default=True,
-              type=click.Choice(["float32", "int32"]))
-@click.option("--iters", default=5, show_default=True, type=click.IntRange(1),
-              help="Timed allreduce calls.")
-@click.option("--packet-size", default=None, type=click.IntRange(0, 7),
-              help="Size code (values = 32 << code) [default: 6 on the local emulator, "
-                   "3 (Tofino-compatible) on a given switch].")
-@click.option("--window", default=128, show_default=True, type=click.IntRange(1, 16384),
-              help="Slots in flight per worker (the job's pool size).")
-@click.option("--no-progress", default=10.0, show_default=True, type=click.FloatRange(min=0.1),
-              help="Seconds without any result before a worker gives up.")
-@click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False),
-              help="Also write the per-iteration results to this JSON file.")
+@click.option(
+    "--workers",
+    "-n",
+    required=True,
+    type=click.IntRange(1, 32),
+    help="Number of worker processes (world size).",
+)
+@click.option(
+    "--switch",
+    default=None,
+    metavar="HOST:PORT",
+    help="Data plane of a running switch [default: start a local emulator].",
+)
+@click.option(
+    "--control",
+    default=None,
+    metavar="HOST:PORT",
+    help="Control plane of that switch [default: the switch's host, port 50099].",
+)
+@click.option(
+    "--size",
+    default="16Mi",
+    show_default=True,
+    type=SIZE,
+    help="Tensor size in bytes per worker (suffixes Ki, Mi, Gi).",
+)
+@click.option(
+    "--dtype", default="float32", show_default=True, type=click.Choice(["float32", "int32"])
+)
+@click.option(
+    "--iters", default=5, show_default=True, type=click.IntRange(1), help="Timed allreduce calls."
+)
+@click.option(
+    "--packet-size",
+    default=None,
+    type=click.IntRange(0, 7),
+    help="Size code (values = 32 << code) [default: 6 on the local emulator, "
+    "3 (Tofino-compatible) on a given switch].",
+)
+@click.option(
+    "--window",
+    default=128,
+    show_default=True,
+    type=click.IntRange(1, 16384),
+    help="Slots in flight per worker (the job's pool size).",
+)
+@click.option(
+    "--no-progress",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    help="Seconds without any result before a worker gives up.",
+)
+@click.option(
+    "--json",
+    "json_out",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Also write the per-iteration results to this JSON file.",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def run(workers, switch, control, size, dtype, iters, packet_size, window, no_progress,
-        json_out, command) -> None:  # noqa: ANN001
+def run(
+    workers,
+    switch,
+    control,
+    size,
+    dtype,
+    iters,
+    packet_size,
+    window,
+    no_progress,
+    json_out,
+    command,
+) -> None:
     """Launch WORKERS workers; with -- COMMAND, run COMMAND as each worker."""
     import contextlib
 
@@ -66,8 +116,9 @@ def run(workers, switch, control, size, dtype, iters, packet_size, window, no_pr
             emu = stack.enter_context(EmulatorProcess())
             switch, control = emu.switch, emu.control
             terminal.info(f"emulator: data {switch}, control {control}")
-        results, failed = _launch(workers, switch, control, packet_size, window, no_progress,
-                                  size, dtype, iters, command)  # fmt: skip
+        results, failed = _launch(
+            workers, switch, control, packet_size, window, no_progress, size, dtype, iters, command
+        )
     if command:
         if failed:
             raise CLIError(f"{len(failed)} of {workers} workers failed: " + ", ".join(failed))
@@ -76,8 +127,9 @@ def run(workers, switch, control, size, dtype, iters, packet_size, window, no_pr
     _report(results, failed, workers, size, dtype, packet_size, window, json_out)
 
 
-def _launch(workers, switch, control, packet_size, window, no_progress, size, dtype, iters,
-            command):  # noqa: ANN001
+def _launch(
+    workers, switch, control, packet_size, window, no_progress, size, dtype, iters, command
+):
     """Start the workers, wait for them, collect their JSON reports."""
     import json
     import random
@@ -93,18 +145,31 @@ def _launch(workers, switch, control, packet_size, window, no_progress, size, dt
     procs = []
     for rank in range(workers):
         env = child_env(
-            RANK=str(rank), WORLD_SIZE=str(workers), LOCAL_RANK=str(rank),
-            LOCAL_WORLD_SIZE=str(workers), SWITCHML_SWITCH=switch, SWITCHML_CONTROL=control,
-            SWITCHML_SESSION_ID=str(session), SWITCHML_PACKET_SIZE=str(packet_size),
-            SWITCHML_WINDOW=str(window), SWITCHML_NO_PROGRESS=str(no_progress),
-            SWITCHML_RUN_SIZE=str(size), SWITCHML_RUN_DTYPE=dtype, SWITCHML_RUN_ITERS=str(iters),
-        )  # fmt: skip
+            RANK=str(rank),
+            WORLD_SIZE=str(workers),
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE=str(workers),
+            SWITCHML_SWITCH=switch,
+            SWITCHML_CONTROL=control,
+            SWITCHML_SESSION_ID=str(session),
+            SWITCHML_PACKET_SIZE=str(packet_size),
+            SWITCHML_WINDOW=str(window),
+            SWITCHML_NO_PROGRESS=str(no_progress),
+            SWITCHML_RUN_SIZE=str(size),
+            SWITCHML_RUN_DTYPE=dtype,
+            SWITCHML_RUN_ITERS=str(iters),
+        )
         cmd = list(command) if command else [sys.executable, "-m", "cli._worker"]
         try:
-            procs.append(subprocess.Popen(
-                cmd, env=env, stdin=subprocess.DEVNULL,
-                stdout=None if command else subprocess.PIPE, text=True,
-            ))  # fmt: skip
+            procs.append(
+                subprocess.Popen(
+                    cmd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=None if command else subprocess.PIPE,
+                    text=True,
+                )
+            )
         except OSError as exc:
             for p in procs:
                 p.kill()
@@ -130,7 +195,7 @@ def _launch(workers, switch, control, packet_size, window, no_progress, size, dt
         if not command:
             for line in p.stdout.read().splitlines():
                 if line.startswith(RESULT_PREFIX):
-                    results[rank] = json.loads(line[len(RESULT_PREFIX):])
+                    results[rank] = json.loads(line[len(RESULT_PREFIX) :])
             p.stdout.close()
         if p.returncode != 0:
             why = results.get(rank, {}).get("error")
@@ -138,15 +203,17 @@ def _launch(workers, switch, control, packet_size, window, no_progress, size, dt
     return results, failed
 
 
-def _report(results, failed, workers, size, dtype, packet_size, window, json_out) -> None:  # noqa: ANN001
+def _report(results, failed, workers, size, dtype, packet_size, window, json_out) -> None:
     import json
     import statistics
 
     from rich.table import Table
 
     iters = min((len(r["iters"]) for r in results.values()), default=0)
-    table = Table(title=f"switchml run: {workers} workers, {size / 2**20:g} MiB {dtype}, "
-                        f"size code {packet_size}, window {window}")  # fmt: skip
+    table = Table(
+        title=f"switchml run: {workers} workers, {size / 2**20:g} MiB {dtype}, "
+        f"size code {packet_size}, window {window}"
+    )
     for col in ("iter", "time (ms)", "goodput (Gbit/s)", "retransmissions", "check"):
         table.add_column(col, justify="right")
     rows = []
@@ -155,20 +222,45 @@ def _report(results, failed, workers, size, dtype, packet_size, window, json_out
         t = max(p["time"] for p in per)  # the collective ends when its last worker has its result
         ok = all(p["ok"] for p in per) and len(per) == workers
         retx = sum(p.get("retransmissions", 0) for p in per)
-        rows.append({"iter": it, "time": t, "goodput_gbps": size * 8 / t / 1e9, "ok": ok,
-                     "retransmissions": retx, "worst_error_ratio": max(p["worst"] for p in per)})  # fmt: skip
-        table.add_row(str(it), f"{t * 1e3:.1f}", f"{size * 8 / t / 1e9:.2f}", str(retx),
-                      "[green]ok[/]" if ok else "[red]WRONG[/]")  # fmt: skip
+        rows.append(
+            {
+                "iter": it,
+                "time": t,
+                "goodput_gbps": size * 8 / t / 1e9,
+                "ok": ok,
+                "retransmissions": retx,
+                "worst_error_ratio": max(p["worst"] for p in per),
+            }
+        )
+        table.add_row(
+            str(it),
+            f"{t * 1e3:.1f}",
+            f"{size * 8 / t / 1e9:.2f}",
+            str(retx),
+            "[green]ok[/]" if ok else "[red]WRONG[/]",
+        )
     terminal.out.print(table)
     if rows:
         med = statistics.median(r["time"] for r in rows)
-        terminal.out.print(f"median {med * 1e3:.1f} ms per allreduce, "
-                           f"{size * 8 / med / 1e9:.2f} Gbit/s goodput per worker")  # fmt: skip
+        terminal.out.print(
+            f"median {med * 1e3:.1f} ms per allreduce, "
+            f"{size * 8 / med / 1e9:.2f} Gbit/s goodput per worker"
+        )
     if json_out:
         with open(json_out, "w") as f:
-            json.dump({"workers": workers, "size": size, "dtype": dtype,
-                       "packet_size": packet_size, "window": window, "iters": rows,
-                       "failed": failed}, f, indent=2)  # fmt: skip
+            json.dump(
+                {
+                    "workers": workers,
+                    "size": size,
+                    "dtype": dtype,
+                    "packet_size": packet_size,
+                    "window": window,
+                    "iters": rows,
+                    "failed": failed,
+                },
+                f,
+                indent=2,
+            )
     if failed:
         raise CLIError(f"{len(failed)} of {workers} workers failed: " + "; ".join(failed))
     if not all(r["ok"] for r in rows):

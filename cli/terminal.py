@@ -13,7 +13,7 @@ class CLIError(click.ClickException):
         super().__init__(message)
         self.exit_code = code
 
-    def show(self, file=None) -> None:  # noqa: ARG002 (click's signature)
+    def show(self, file=None) -> None:
         terminal.error(self.format_message())
 
 
@@ -44,12 +44,23 @@ def parse_size(text: str) -> int:
     """``16Mi``, ``1MiB``, ``4k``, ``1000000`` -> an integer (binary or decimal suffixes)."""
     t = text.strip().replace("_", "")
     units = {
-        "": 1, "k": 10**3, "m": 10**6, "g": 10**9,
-        "ki": 2**10, "mi": 2**20, "gi": 2**30,
-        "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9, "b": 1,
-    }  # fmt: skip
+        "": 1,
+        "k": 10**3,
+        "m": 10**6,
+        "g": 10**9,
+        "ki": 2**10,
+        "mi": 2**20,
+        "gi": 2**30,
+        "kib": 2**10,
+        "mib": 2**20,
+        "gib": 2**30,
+        "kb": 10**3,
+        "mb": 10**6,
+        "gb": 10**9,
+        "b": 1,
+    }
     num = t.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
-    unit = t[len(num):].lower()
+    unit = t[len(num) :].lower()
     if unit not in units or not num:
         raise click.BadParameter(f"{text!r} is not a size (examples: 1000, 16Mi, 64MiB)")
     try:
@@ -66,7 +77,7 @@ class SizeType(click.ParamType):
 
     name = "size"
 
-    def convert(self, value, param, ctx):  # noqa: ANN001
+    def convert(self, value, param, ctx):
         if isinstance(value, int):
             return value
         try:

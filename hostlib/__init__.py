@@ -45,7 +45,7 @@ ENV_PREFIX = "SWITCHML_"
 
 
 def _options(**kwargs: Any) -> Options:
-    timing_keys = ("timeout", "backoff_after", "max_timeout", "no_progress")
+    timing_keys = ("timeout", "backoff_after", "max_timeout", "no_progress", "reorder_guard")
     timing = {k: kwargs.pop(k) for k in timing_keys if kwargs.get(k) is not None}
     for k in timing_keys:
         kwargs.pop(k, None)
@@ -126,6 +126,7 @@ def connect(
     backoff_after: int | None = None,
     max_timeout: float | None = None,
     no_progress: float | None = None,
+    reorder_guard: float | None = None,
     connect_timeout: float | None = None,
     join_timeout: float | None = None,
     bind: str | None = None,
@@ -136,8 +137,9 @@ def connect(
     127.0.0.1:50099, the data plane wherever the controller says). ``packet_size``
     is a size code (default 3 = 256 values, Tofino-compatible; 6 is fastest on
     the emulator), ``window`` the slots in flight (default 128). ``timeout``,
-    ``backoff_after``, ``max_timeout`` and ``no_progress`` set retransmission
-    and failure detection (see :class:`Timing`).
+    ``backoff_after``, ``max_timeout``, ``no_progress`` and ``reorder_guard``
+    set retransmission, failure detection and protection against reordering
+    networks (see :class:`Timing`).
     """
     return Context(_options(**_kwargs(locals())))
 
@@ -155,6 +157,7 @@ def aconnect(
     backoff_after: int | None = None,
     max_timeout: float | None = None,
     no_progress: float | None = None,
+    reorder_guard: float | None = None,
     connect_timeout: float | None = None,
     join_timeout: float | None = None,
     bind: str | None = None,
@@ -191,7 +194,8 @@ def env_options(environ: dict[str, str] | None = None) -> dict[str, Any]:
         "packet_size": num("PACKET_SIZE"),
         "window": num("WINDOW"),
         "no_progress": float(env[ENV_PREFIX + "NO_PROGRESS"])
-        if env.get(ENV_PREFIX + "NO_PROGRESS") else None,
+        if env.get(ENV_PREFIX + "NO_PROGRESS")
+        else None,
     }
 
 

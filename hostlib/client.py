@@ -94,8 +94,11 @@ class AsyncContext:
             switch_host, switch_port = (
                 parse_address(o.switch, wire.DEFAULT_UDP_PORT) if o.switch else ("", 0)
             )
-            probe_host = resolve_ipv4(switch_host) if switch_host else resolve_ipv4(
-                parse_address(o.control, wire.DEFAULT_CONTROL_PORT)[0])  # fmt: skip
+            probe_host = (
+                resolve_ipv4(switch_host)
+                if switch_host
+                else resolve_ipv4(parse_address(o.control, wire.DEFAULT_CONTROL_PORT)[0])
+            )
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             try:
                 set_socket_buffers(sock)
@@ -103,11 +106,15 @@ class AsyncContext:
                 sock.bind((local_ip, 0))
                 sock.setblocking(False)
                 membership = await ctl.join(
-                    rank=o.rank, world_size=o.world_size,
-                    ipv4=wire.ipv4_to_int(local_ip), udp_port=sock.getsockname()[1],
-                    packet_size=o.packet_size, pool_size=o.window,
-                    session_id=o.session_id, timeout=o.join_timeout,
-                )  # fmt: skip
+                    rank=o.rank,
+                    world_size=o.world_size,
+                    ipv4=wire.ipv4_to_int(local_ip),
+                    udp_port=sock.getsockname()[1],
+                    packet_size=o.packet_size,
+                    pool_size=o.window,
+                    session_id=o.session_id,
+                    timeout=o.join_timeout,
+                )
             except BaseException:
                 sock.close()
                 raise
@@ -170,9 +177,11 @@ class AsyncContext:
         op = self._op
         if op is not None:
             self.last_stats = {
-                "results": int(op.counters[0]), "ignored": int(op.counters[1]),
-                "retransmissions": int(op.counters[2]), "sent": int(op.counters[3]),
-            }  # fmt: skip
+                "results": int(op.counters[0]),
+                "ignored": int(op.counters[1]),
+                "retransmissions": int(op.counters[2]),
+                "sent": int(op.counters[3]),
+            }
         if self._done is not None and not self._done.done():
             if exc is None:
                 self._done.set_result(None)

@@ -96,16 +96,26 @@ class ControlClient:
 
         def register(sid: int):
             req = pb.UdpSessionRequest(
-                session_id=sid, rank=rank, num_workers=world_size, mac=mac, ipv4=ipv4,
-                packet_size=packet_size, udp_port=udp_port, pool_size=pool_size,
-            )  # fmt: skip
-            return self._call(f"UdpSession(rank {rank})", self.session.UdpSession(req, timeout=timeout))
+                session_id=sid,
+                rank=rank,
+                num_workers=world_size,
+                mac=mac,
+                ipv4=ipv4,
+                packet_size=packet_size,
+                udp_port=udp_port,
+                pool_size=pool_size,
+            )
+            return self._call(
+                f"UdpSession(rank {rank})", self.session.UdpSession(req, timeout=timeout)
+            )
 
         def broadcast(value: int):
-            req = pb.BroadcastRequest(value=value, rank=rank, num_workers=world_size, root=0,
-                                      session_id=scope)  # fmt: skip
-            return self._call("Broadcast of the session id",
-                              self.sync.Broadcast(req, timeout=timeout))  # fmt: skip
+            req = pb.BroadcastRequest(
+                value=value, rank=rank, num_workers=world_size, root=0, session_id=scope
+            )
+            return self._call(
+                "Broadcast of the session id", self.sync.Broadcast(req, timeout=timeout)
+            )
 
         if rank == 0:
             sid = session_id or new_session_id()
@@ -118,7 +128,8 @@ class ControlClient:
             resp = await register(sid)
         await self._call(
             "Barrier",
-            self.sync.Barrier(pb.BarrierRequest(num_workers=world_size, session_id=scope),
-                              timeout=timeout),
-        )  # fmt: skip
+            self.sync.Barrier(
+                pb.BarrierRequest(num_workers=world_size, session_id=scope), timeout=timeout
+            ),
+        )
         return Membership(sid, resp.ipv4, resp.mac, tuple(resp.data_ports))

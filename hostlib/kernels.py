@@ -133,9 +133,30 @@ def _fill_data(row, xi, xf, is_float, chunk, nvals, shared_exp, num_workers, lim
 
 
 @njit(cache=True, nogil=True)
-def _advance(s, now, rows, xi, xf, is_float, nchunks, nvals, nslots, num_workers, code,
-             job_number, chunk, cur_set, next_set, deadline, rto, tries, my_exp,
-             shared_exp, rto0, limit):  # fmt: skip
+def _advance(
+    s,
+    now,
+    rows,
+    xi,
+    xf,
+    is_float,
+    nchunks,
+    nvals,
+    nslots,
+    num_workers,
+    code,
+    job_number,
+    chunk,
+    cur_set,
+    next_set,
+    deadline,
+    rto,
+    tries,
+    my_exp,
+    shared_exp,
+    rto0,
+    limit,
+):
     """Move slot s to its next chunk and build that packet; return False if done."""
     c = chunk[s]
     nxt = s if c == -1 else c + nslots
@@ -159,11 +180,37 @@ def _advance(s, now, rows, xi, xf, is_float, nchunks, nvals, nslots, num_workers
 
 
 @njit(cache=True, nogil=True)
-def _start(now, rows, xi, xf, is_float, nchunks, nvals, nslots, num_workers, code,
-           job_number, chunk, cur_set, next_set, deadline, rto, tries, my_exp,
-           shared_exp, rto0, limit, send):  # fmt: skip
-    """Build the first packet of every slot in use; return how many to send."""
+def _start(
+    now,
+    rows,
+    xi,
+    xf,
+    is_float,
+    nchunks,
+    nvals,
+    nslots,
+    num_workers,
+    code,
+    job_number,
+    chunk,
+    cur_set,
+    next_set,
+    deadline,
+    rto,
+    tries,
+    my_exp,
+    shared_exp,
+    rto0,
+    limit,
+    send,
+    quiet,
+    waiting,
+    guard,
+):
+    """Build the first packet of every slot in use; return how many to send now
+    (slots still quiet after their last transmission wait for the timer)."""
     used = min(nslots, nchunks)
+    n_send = 0
     for s in range(used):
         if is_float:
             # exponent packet: values zero, e0 = exponent of chunk s
@@ -180,20 +227,91 @@ def _start(now, rows, xi, xf, is_float, nchunks, nvals, nslots, num_workers, cod
             tries[s] = 0
         else:
             chunk[s] = s - nslots  # so that _advance moves it to chunk s
-            _advance(s, now, rows, xi, xf, is_float, nchunks, nvals, nslots, num_workers,
-                     code, job_number, chunk, cur_set, next_set, deadline, rto, tries,
-                     my_exp, shared_exp, rto0, limit)  # fmt: skip
-        send[s] = s
+            _advance(
+                s,
+                now,
+                rows,
+                xi,
+                xf,
+                is_float,
+                nchunks,
+                nvals,
+                nslots,
+                num_workers,
+                code,
+                job_number,
+                chunk,
+                cur_set,
+                next_set,
+                deadline,
+                rto,
+                tries,
+                my_exp,
+                shared_exp,
+                rto0,
+                limit,
+            )
+        n_send = _send_or_wait(s, now, send, n_send, deadline, quiet, waiting, guard)
     for s in range(used, nslots):
         chunk[s] = DONE
-    return used
+        waiting[s] = 0
+    return n_send
 
 
 @njit(cache=True, nogil=True)
-def _on_results(buf, lens, ok, n, now, rows, xi, xf, oi, of, is_float, nchunks, nvals,
-                nslots, num_workers, code, job_number, chunk, cur_set, next_set, deadline,
-                rto, tries, my_exp, shared_exp, rto_min, rto_max, rtt, limit, send,
-                counters):  # fmt: skip
+def _send_or_wait(s, now, send, n_send, deadline, quiet, waiting, guard):
+    """Queue slot s's new packet, or hold it until the slot's quiet time ends.
+
+    ``quiet[s]`` is the last transmission on slot s plus the reorder guard: a
+    new packet must not overtake stale copies of the previous one (the switch
+    would take a late copy of an old round for a new contribution)."""
+    if now < quiet[s]:
+        waiting[s] = 1
+        deadline[s] = quiet[s]
+        return n_send
+    waiting[s] = 0
+    quiet[s] = now + guard
+    send[n_send] = s
+    return n_send + 1
+
+
+@njit(cache=True, nogil=True)
+def _on_results(
+    buf,
+    lens,
+    ok,
+    n,
+    now,
+    rows,
+    xi,
+    xf,
+    oi,
+    of,
+    is_float,
+    nchunks,
+    nvals,
+    nslots,
+    num_workers,
+    code,
+    job_number,
+    chunk,
+    cur_set,
+    next_set,
+    deadline,
+    rto,
+    tries,
+    my_exp,
+    shared_exp,
+    rto_min,
+    rto_max,
+    rtt,
+    limit,
+    send,
+    counters,
+    quiet,
+    waiting,
+    guard,
+):
     """Match a batch of received datagrams; store results, advance slots.
 
     ``ok[r]`` is 0 for datagrams that did not come from the switch. Returns the
@@ -217,11 +335,15 @@ def _on_results(buf, lens, ok, n, now, rows, xi, xf, oi, of, is_float, nchunks, 
             counters[K_IGNORED] += 1
             continue
         c = chunk[s]
-        if c == DONE or st != cur_set[s]:
+        if c == DONE or waiting[s] != 0 or st != cur_set[s]:
             counters[K_IGNORED] += 1
             continue
-        tsi = (np.int64(row[2]) << 24) | (np.int64(row[3]) << 16) | (np.int64(row[4]) << 8) \
+        tsi = (
+            (np.int64(row[2]) << 24)
+            | (np.int64(row[3]) << 16)
+            | (np.int64(row[4]) << 8)
             | np.int64(row[5])
+        )
         expect = EXP_TSI_BASE + s if c == -1 else c
         if tsi != expect:
             counters[K_IGNORED] += 1
@@ -254,28 +376,55 @@ def _on_results(buf, lens, ok, n, now, rows, xi, xf, oi, of, is_float, nchunks, 
                     oi[i] = _get_be32(row, HEADER_LEN + 4 * (i - lo))
             if is_float and c + nslots < nchunks:
                 shared_exp[c + nslots] = e0
-        if _advance(s, now, rows, xi, xf, is_float, nchunks, nvals, nslots, num_workers, code,
-                    job_number, chunk, cur_set, next_set, deadline, rto, tries, my_exp,
-                    shared_exp, rto0, limit):  # fmt: skip
-            send[n_send] = s
-            n_send += 1
+        if _advance(
+            s,
+            now,
+            rows,
+            xi,
+            xf,
+            is_float,
+            nchunks,
+            nvals,
+            nslots,
+            num_workers,
+            code,
+            job_number,
+            chunk,
+            cur_set,
+            next_set,
+            deadline,
+            rto,
+            tries,
+            my_exp,
+            shared_exp,
+            rto0,
+            limit,
+        ):
+            n_send = _send_or_wait(s, now, send, n_send, deadline, quiet, waiting, guard)
     return n_send
 
 
 @njit(cache=True, nogil=True)
-def _on_timer(now, chunk, deadline, rto, tries, rto_max, backoff_after, send, counters):
-    """Slots whose timer expired: resend (same packet), back off after repeats."""
+def _on_timer(
+    now, chunk, deadline, rto, tries, rto_max, backoff_after, send, counters, quiet, waiting, guard
+):
+    """Slots whose timer expired: send held packets, resend (the same packet)
+    unanswered ones, and back off after repeated timeouts."""
     n_send = 0
     for s in range(chunk.shape[0]):
         if chunk[s] == DONE or deadline[s] > now:
             continue
-        tries[s] += 1
-        if tries[s] % backoff_after == 0:
-            rto[s] = min(rto[s] * 2.0, rto_max)
+        if waiting[s] != 0:  # quiet time over: first transmission
+            waiting[s] = 0
+        else:
+            tries[s] += 1
+            if tries[s] % backoff_after == 0:
+                rto[s] = min(rto[s] * 2.0, rto_max)
+            counters[K_RETRANSMISSIONS] += 1
         deadline[s] = now + rto[s]
+        quiet[s] = now + guard
         send[n_send] = s
         n_send += 1
-        counters[K_RETRANSMISSIONS] += 1
     return n_send
 
 

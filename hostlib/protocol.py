@@ -49,16 +49,27 @@ class Timing:
     times out ``backoff_after`` times in a row doubles its timeout, up to
     ``max_timeout``. An allreduce fails when no result at all arrived for
     ``no_progress``. (p4app-switchML: fixed 10 ms, doubling after 100 timeouts.)
+
+    ``reorder_guard`` is the longest time the network may hold a packet back
+    behind later ones. §2 is exactly-once on FIFO links (a star of links to one
+    switch is one); if copies of a packet can arrive late, a late copy of a
+    slot's previous packet could reach the switch after the slot's next one, and
+    the switch would take it for a new contribution. So a slot's next packet
+    (also in the next call) waits until ``reorder_guard`` has passed since the
+    slot's last transmission. 0 (the default) trusts the links to keep order.
     """
 
     timeout: float = 0.02
     backoff_after: int = 3
     max_timeout: float = 0.5
     no_progress: float = 10.0
+    reorder_guard: float = 0.0
 
     def __post_init__(self) -> None:
         if self.timeout <= 0 or self.max_timeout < self.timeout or self.no_progress <= 0:
             raise ValueError("need 0 < timeout <= max_timeout and no_progress > 0")
+        if self.reorder_guard < 0:
+            raise ValueError("reorder_guard must not be negative")
         if self.backoff_after < 1:
             raise ValueError("backoff_after must be at least 1")
 
@@ -105,6 +116,7 @@ class WorkerProtocol:
         self.calls = 0
         self.rows = np.zeros((window, wire.packet_len(size_code)), np.uint8)
         self.rtt = np.zeros(3, np.float64)  # smoothed RTT, RTT variance, samples
+        self.quiet = np.zeros(window, np.float64)  # per slot: last transmission + reorder guard
 
     def allreduce(self, x: np.ndarray, out: np.ndarray | None, now: float) -> Allreduce:
         """Start one allreduce of ``x`` (validated here) into ``out``."""
@@ -133,6 +145,7 @@ class Allreduce:
         self.rto = np.zeros(k, np.float64)
         self.tries = np.zeros(k, np.int32)
         self.send = np.zeros(k, np.int32)
+        self.waiting = np.zeros(k, np.uint8)
         self.counters = np.zeros(K.N_COUNTERS, np.int64)
         self.my_exp = np.zeros(self.nchunks if self.is_float else 0, np.int8)
         self.shared_exp = np.zeros_like(self.my_exp)
@@ -162,17 +175,40 @@ class Allreduce:
     def _args(self) -> tuple:
         p = self.proto
         return (
-            p.rows, self.xi, self.xf, self.is_float, self.nchunks, p.nvals, p.window,
-            p.num_workers, int(p.size_code), self.job_number, self.chunk, self.cur_set,
-            p.next_set, self.deadline, self.rto, self.tries, self.my_exp, self.shared_exp,
-            p.timing.timeout, self.limit,
-        )  # fmt: skip
+            p.rows,
+            self.xi,
+            self.xf,
+            self.is_float,
+            self.nchunks,
+            p.nvals,
+            p.window,
+            p.num_workers,
+            int(p.size_code),
+            self.job_number,
+            self.chunk,
+            self.cur_set,
+            p.next_set,
+            self.deadline,
+            self.rto,
+            self.tries,
+            self.my_exp,
+            self.shared_exp,
+            p.timing.timeout,
+            self.limit,
+        )
 
     def initial(self, now: float) -> int:
         """Build the first window; return the count of slots in :attr:`send` to send."""
         if self.nchunks == 0:
             return 0
-        n = K._start(now, *self._args(), self.send)
+        n = K._start(
+            now,
+            *self._args(),
+            self.send,
+            self.proto.quiet,
+            self.waiting,
+            self.proto.timing.reorder_guard,
+        )
         self._started = True
         self.counters[K.K_SENT] += n
         return n
@@ -183,12 +219,41 @@ class Allreduce:
         p = self.proto
         before = self.counters[K.K_RESULTS]
         m = K._on_results(
-            buf, lens, ok, n, now, p.rows, self.xi, self.xf, self.oi, self.of, self.is_float,
-            self.nchunks, p.nvals, p.window, p.num_workers, int(p.size_code), self.job_number,
-            self.chunk, self.cur_set, p.next_set, self.deadline, self.rto, self.tries,
-            self.my_exp, self.shared_exp, p.timing.timeout, p.timing.max_timeout, p.rtt,
-            self.limit, self.send, self.counters,
-        )  # fmt: skip
+            buf,
+            lens,
+            ok,
+            n,
+            now,
+            p.rows,
+            self.xi,
+            self.xf,
+            self.oi,
+            self.of,
+            self.is_float,
+            self.nchunks,
+            p.nvals,
+            p.window,
+            p.num_workers,
+            int(p.size_code),
+            self.job_number,
+            self.chunk,
+            self.cur_set,
+            p.next_set,
+            self.deadline,
+            self.rto,
+            self.tries,
+            self.my_exp,
+            self.shared_exp,
+            p.timing.timeout,
+            p.timing.max_timeout,
+            p.rtt,
+            self.limit,
+            self.send,
+            self.counters,
+            p.quiet,
+            self.waiting,
+            p.timing.reorder_guard,
+        )
         if self.counters[K.K_RESULTS] != before:
             self.last_progress = now
         self.counters[K.K_SENT] += m
@@ -201,8 +266,20 @@ class Allreduce:
     def handle_timer(self, now: float) -> int:
         """Retransmit expired slots; return the count of slots in :attr:`send`."""
         t = self.proto.timing
-        m = K._on_timer(now, self.chunk, self.deadline, self.rto, self.tries,
-                        t.max_timeout, t.backoff_after, self.send, self.counters)  # fmt: skip
+        m = K._on_timer(
+            now,
+            self.chunk,
+            self.deadline,
+            self.rto,
+            self.tries,
+            t.max_timeout,
+            t.backoff_after,
+            self.send,
+            self.counters,
+            self.proto.quiet,
+            self.waiting,
+            t.reorder_guard,
+        )
         self.counters[K.K_SENT] += m
         return m
 

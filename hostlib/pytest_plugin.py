@@ -39,8 +39,16 @@ class WorkerFailed(AssertionError):
     """A rank of ``switchml_workers`` raised or died."""
 
 
-def _rank_main(rank: int, n: int, switch: str, control: str, fn: Callable, args: tuple,
-               kwargs: dict, results: multiprocessing.Queue) -> None:  # fmt: skip
+def _rank_main(
+    rank: int,
+    n: int,
+    switch: str,
+    control: str,
+    fn: Callable,
+    args: tuple,
+    kwargs: dict,
+    results: multiprocessing.Queue,
+) -> None:
     try:
         import hostlib
 
@@ -51,13 +59,24 @@ def _rank_main(rank: int, n: int, switch: str, control: str, fn: Callable, args:
         results.put((rank, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
 
 
-def run_workers(switch: str, control: str, n: int, fn: Callable, *args: Any,
-                timeout: float = 120.0, **kwargs: Any) -> list[Any]:  # fmt: skip
+def run_workers(
+    switch: str,
+    control: str,
+    n: int,
+    fn: Callable,
+    *args: Any,
+    timeout: float = 120.0,
+    **kwargs: Any,
+) -> list[Any]:
     """Run ``fn(ctx, *args)`` as n ranks in n processes; return their results."""
     mp = multiprocessing.get_context("spawn")
     results = mp.Queue()
-    procs = [mp.Process(target=_rank_main, args=(r, n, switch, control, fn, args, kwargs, results),
-                        daemon=True) for r in range(n)]  # fmt: skip
+    procs = [
+        mp.Process(
+            target=_rank_main, args=(r, n, switch, control, fn, args, kwargs, results), daemon=True
+        )
+        for r in range(n)
+    ]
     for p in procs:
         p.start()
     out: dict[int, Any] = {}
@@ -107,7 +126,8 @@ def switchml_workers(switchml_emulator: _Emulator) -> Callable[..., list[Any]]:
     """``run(n, fn, *args, **connect_kwargs)``: n ranks of ``fn`` against the emulator."""
 
     def run(n: int, fn: Callable, *args: Any, **kwargs: Any) -> list[Any]:
-        return run_workers(switchml_emulator.switch, switchml_emulator.control, n, fn,
-                           *args, **kwargs)  # fmt: skip
+        return run_workers(
+            switchml_emulator.switch, switchml_emulator.control, n, fn, *args, **kwargs
+        )
 
     return run

@@ -92,9 +92,7 @@ def expected_sum(world_size: int, n: int, iteration: int, dtype: np.dtype | type
     return world_size * (world_size + 1) // 2 * base(n, iteration, dtype)
 
 
-def check_result(
-    y: np.ndarray, world_size: int, iteration: int, nvals: int
-) -> tuple[bool, float]:
+def check_result(y: np.ndarray, world_size: int, iteration: int, nvals: int) -> tuple[bool, float]:
     """Is ``y`` the allreduce of :func:`worker_input` over ``world_size`` workers?
 
     int32 must be exact; float32 must be within the block floating point bound of

@@ -26,7 +26,16 @@ if TYPE_CHECKING:
     from .engine import Action, Batch, EngineConfig, RegistrationError, SwitchEngine
     from .server import Emulator, serve
 
-__all__ = [*_LAZY, "__version__"]
+__all__ = [
+    "Action",
+    "Batch",
+    "Emulator",
+    "EngineConfig",
+    "RegistrationError",
+    "SwitchEngine",
+    "__version__",
+    "serve",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -59,7 +59,7 @@ class SessionService(pb_grpc.SessionServicer):
         self.clock = clock
         self.on_register = on_register
 
-    async def UdpSession(  # noqa: N802 (gRPC method name)
+    async def UdpSession(
         self, request: pb.UdpSessionRequest, context: grpc.aio.ServicerContext
     ) -> pb.UdpSessionResponse:
         ipv4 = request.ipv4 or _peer_ipv4(context)
@@ -75,15 +75,24 @@ class SessionService(pb_grpc.SessionServicer):
                 now=self.clock(),
             )
         except RegistrationError as exc:
-            log.info("refused UdpSession(session=%d rank=%d): %s",
-                     request.session_id, request.rank, exc.message)  # fmt: skip
+            log.info(
+                "refused UdpSession(session=%d rank=%d): %s",
+                request.session_id,
+                request.rank,
+                exc.message,
+            )
             await context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
             raise  # unreachable: abort raises
         log.info(
             "session %d: rank %d/%d at %s:%d (size code %d, pool %d)",
-            job.session_id, request.rank, job.num_workers,
-            ipaddress.IPv4Address(ipv4), request.udp_port, job.size_code, job.pool_size,
-        )  # fmt: skip
+            job.session_id,
+            request.rank,
+            job.num_workers,
+            ipaddress.IPv4Address(ipv4),
+            request.udp_port,
+            job.size_code,
+            job.pool_size,
+        )
         if self.on_register is not None:
             self.on_register(job.session_id, request.rank)
         return pb.UdpSessionResponse(
@@ -123,7 +132,7 @@ class SyncService(pb_grpc.SyncServicer):
         rnd.arrived.add(who)
         return rnd
 
-    async def Barrier(  # noqa: N802
+    async def Barrier(
         self, request: pb.BarrierRequest, context: grpc.aio.ServicerContext
     ) -> pb.BarrierResponse:
         if request.num_workers == 0:
@@ -143,7 +152,7 @@ class SyncService(pb_grpc.SyncServicer):
             raise
         return pb.BarrierResponse()
 
-    async def Broadcast(  # noqa: N802
+    async def Broadcast(
         self, request: pb.BroadcastRequest, context: grpc.aio.ServicerContext
     ) -> pb.BroadcastResponse:
         if request.num_workers == 0 or request.rank >= request.num_workers:

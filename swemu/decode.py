@@ -223,10 +223,19 @@ def _slot_key(ev: Event) -> tuple[bool, int, int, int]:
 
 
 _COLUMNS: tuple[tuple[str, JustifyMethod], ...] = (
-    ("port:slot", "right"), ("time ms", "right"), ("frame", "right"), ("dir", "left"),
-    ("worker", "left"), ("set", "right"), ("job", "right"), ("tsi", "right"),
-    ("e0/e1", "right"), ("values", "left"), ("kind", "left"), ("note", "left"),
-)  # fmt: skip
+    ("port:slot", "right"),
+    ("time ms", "right"),
+    ("frame", "right"),
+    ("dir", "left"),
+    ("worker", "left"),
+    ("set", "right"),
+    ("job", "right"),
+    ("tsi", "right"),
+    ("e0/e1", "right"),
+    ("values", "left"),
+    ("kind", "left"),
+    ("note", "left"),
+)
 
 
 def render_timeline(
@@ -312,8 +321,14 @@ def summary(events: list[Event]) -> dict[str, Any]:
             c["malformed"] += 1
         else:
             c[fields[ev.kind]] += 1
-    names = ("packets", "contributions", "retransmissions", "results_multicast",
-             "results_unicast", "malformed")  # fmt: skip
+    names = (
+        "packets",
+        "contributions",
+        "retransmissions",
+        "results_multicast",
+        "results_unicast",
+        "malformed",
+    )
     multicast = [e for e in events if e.kind == MULTICAST]
     return {
         "events": len(events),

@@ -65,9 +65,18 @@ class Action(IntEnum):
 
 
 JOB_COUNTER_NAMES = (
-    "pkts_in", "bytes_in", "aggregated", "multicast", "unicast", "retransmissions",
-    "pkts_out", "bytes_out", "drop_malformed", "drop_wrong_size", "drop_slot_range",
-)  # fmt: skip
+    "pkts_in",
+    "bytes_in",
+    "aggregated",
+    "multicast",
+    "unicast",
+    "retransmissions",
+    "pkts_out",
+    "bytes_out",
+    "drop_malformed",
+    "drop_wrong_size",
+    "drop_slot_range",
+)
 WORKER_COUNTER_NAMES = ("pkts_in", "retransmissions", "last", "drops")
 GLOBAL_COUNTER_NAMES = ("pkts_in", "drop_unknown_source")
 assert len(JOB_COUNTER_NAMES) == K.N_JOB_COUNTERS
@@ -175,9 +184,11 @@ class Batch:
         for d in range(self.n_dest):
             r = int(self.dest_row[d])
             out.append(
-                (self.out_buf[r, : self.out_len[r]].tobytes(),
-                 (int(self.dest_ip[d]), int(self.dest_port[d])))
-            )  # fmt: skip
+                (
+                    self.out_buf[r, : self.out_len[r]].tobytes(),
+                    (int(self.dest_ip[d]), int(self.dest_port[d])),
+                )
+            )
         return out
 
 
@@ -310,9 +321,10 @@ class SwitchEngine:
         if self.config.idle_timeout is None:
             return []
         idle = [
-            j for j in self.jobs.values()
+            j
+            for j in self.jobs.values()
             if now - self.job_last_seen[j.index] >= self.config.idle_timeout
-        ]  # fmt: skip
+        ]
         for job in idle:
             self._drop_job(job, "idle")
         return [job.session_id for job in idle]
@@ -377,8 +389,9 @@ class SwitchEngine:
 
     def _rebuild_addr_table(self) -> None:
         keys = np.array(sorted(self._addr), dtype=np.uint64)
-        self.addr_vals = np.array([self._addr[int(k)][0] * 32 + self._addr[int(k)][1]
-                                   for k in keys], dtype=np.int32)  # fmt: skip
+        self.addr_vals = np.array(
+            [self._addr[int(k)][0] * 32 + self._addr[int(k)][1] for k in keys], dtype=np.int32
+        )
         self.addr_keys = keys
 
     def job_by_index(self, index: int) -> Job | None:
@@ -389,15 +402,35 @@ class SwitchEngine:
         """Run rows ``0..batch.n-1`` through the switch; return the number of
         destinations written to ``batch.dest_*`` (also kept in ``batch.n_dest``)."""
         batch.n_dest = K._process_batch(
-            batch.buf, batch.lens, batch.ip, batch.port, batch.n, now,
-            self.addr_keys, self.addr_vals,
-            self.job_workers, self.job_pool, self.job_code, self.job_last_seen,
-            self.values, self.exps, self.bitmap, self.count,
-            self.dst_ip, self.dst_port,
-            self.job_counters, self.worker_counters, self.global_counters,
-            batch.action, batch.out_buf, batch.out_len, batch.out_job,
-            batch.dest_row, batch.dest_ip, batch.dest_port,
-        )  # fmt: skip
+            batch.buf,
+            batch.lens,
+            batch.ip,
+            batch.port,
+            batch.n,
+            now,
+            self.addr_keys,
+            self.addr_vals,
+            self.job_workers,
+            self.job_pool,
+            self.job_code,
+            self.job_last_seen,
+            self.values,
+            self.exps,
+            self.bitmap,
+            self.count,
+            self.dst_ip,
+            self.dst_port,
+            self.job_counters,
+            self.worker_counters,
+            self.global_counters,
+            batch.action,
+            batch.out_buf,
+            batch.out_len,
+            batch.out_job,
+            batch.dest_row,
+            batch.dest_ip,
+            batch.dest_port,
+        )
         return batch.n_dest
 
     def receive_datagram(
@@ -429,27 +462,35 @@ class SwitchEngine:
             for rank in range(job.num_workers):
                 addr = job.workers.get(rank)
                 wc = self.worker_counters[j, rank]
-                workers.append({
-                    "rank": rank,
-                    "ip": int_to_ipv4(addr[0]) if addr else None,
-                    "udp_port": addr[1] if addr else None,
-                    **{name: int(wc[i]) for i, name in enumerate(WORKER_COUNTER_NAMES)},
-                })  # fmt: skip
-            jobs.append({
-                "session_id": job.session_id,
-                "index": j,
-                "num_workers": job.num_workers,
-                "size_code": job.size_code,
-                "pool_size": p,
-                "memory_bytes": job.memory,
-                "slots_pending": [int(np.count_nonzero(cnt[:p])), int(np.count_nonzero(cnt[p:]))],
-                "slots_holding": [int(np.count_nonzero(bm[:p])), int(np.count_nonzero(bm[p:]))],
-                "last_seen": float(self.job_last_seen[j]),
-                "counters": {
-                    name: int(self.job_counters[j, i]) for i, name in enumerate(JOB_COUNTER_NAMES)
-                },
-                "workers": workers,
-            })  # fmt: skip
+                workers.append(
+                    {
+                        "rank": rank,
+                        "ip": int_to_ipv4(addr[0]) if addr else None,
+                        "udp_port": addr[1] if addr else None,
+                        **{name: int(wc[i]) for i, name in enumerate(WORKER_COUNTER_NAMES)},
+                    }
+                )
+            jobs.append(
+                {
+                    "session_id": job.session_id,
+                    "index": j,
+                    "num_workers": job.num_workers,
+                    "size_code": job.size_code,
+                    "pool_size": p,
+                    "memory_bytes": job.memory,
+                    "slots_pending": [
+                        int(np.count_nonzero(cnt[:p])),
+                        int(np.count_nonzero(cnt[p:])),
+                    ],
+                    "slots_holding": [int(np.count_nonzero(bm[:p])), int(np.count_nonzero(bm[p:]))],
+                    "last_seen": float(self.job_last_seen[j]),
+                    "counters": {
+                        name: int(self.job_counters[j, i])
+                        for i, name in enumerate(JOB_COUNTER_NAMES)
+                    },
+                    "workers": workers,
+                }
+            )
         return {
             "counters": {
                 name: int(self.global_counters[i]) for i, name in enumerate(GLOBAL_COUNTER_NAMES)
@@ -472,6 +513,5 @@ def warmup() -> None:
     eng.register(session_id=1, rank=0, num_workers=1, ipv4=0x7F000001, udp_port=1, pool_size=4)
     from .wire import encode
 
-    pkt = encode(size_code=1, job_number=0, tsi=0, set=0, slot=0,
-                 values=np.zeros(64, np.int32))  # fmt: skip
+    pkt = encode(size_code=1, job_number=0, tsi=0, set=0, slot=0, values=np.zeros(64, np.int32))
     eng.receive_datagram(pkt, (0x7F000001, 1))

@@ -75,15 +75,35 @@ def _lookup(addr_keys, addr_vals, key):
 
 @njit(cache=True, nogil=True)
 def _process_batch(
-    buf, lens, src_ip, src_port, n, now,
-    addr_keys, addr_vals,
-    job_workers, job_pool, job_code, job_last_seen,
-    values, exps, bitmap, count,
-    dst_ip, dst_port,
-    job_counters, worker_counters, global_counters,
-    action, out_buf, out_len, out_job,
-    dest_row, dest_ip, dest_port,
-):  # fmt: skip
+    buf,
+    lens,
+    src_ip,
+    src_port,
+    n,
+    now,
+    addr_keys,
+    addr_vals,
+    job_workers,
+    job_pool,
+    job_code,
+    job_last_seen,
+    values,
+    exps,
+    bitmap,
+    count,
+    dst_ip,
+    dst_port,
+    job_counters,
+    worker_counters,
+    global_counters,
+    action,
+    out_buf,
+    out_len,
+    out_job,
+    dest_row,
+    dest_ip,
+    dest_port,
+):
     """Apply PROTOCOL.md §2 to rows ``0..n-1`` of a batch; return the destination count."""
     n_dest = 0
     for r in range(n):
@@ -114,7 +134,7 @@ def _process_batch(
             action[r] = A_DROP_MALFORMED
             continue
         b0 = buf[r, 0]
-        code = b0 & 7
+        code = np.int64(b0 & 7)
         nvals = 32 << code
         if (b0 >> 4) != MSG_TYPE or length != HEADER_LEN + 4 * nvals:
             job_counters[j, C_DROP_MALFORMED] += 1

@@ -25,8 +25,14 @@ class EmulatorProcess:
     and :meth:`stop`.
     """
 
-    def __init__(self, *args: str, host: str = "127.0.0.1", startup_timeout: float = 60.0,
-                 log_level: str = "warning", stderr=None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *args: str,
+        host: str = "127.0.0.1",
+        startup_timeout: float = 60.0,
+        log_level: str = "warning",
+        stderr=None,
+    ) -> None:
         self.extra = list(args)
         self.host = host
         self.startup_timeout = startup_timeout
@@ -47,11 +53,26 @@ class EmulatorProcess:
 
     def start(self) -> EmulatorProcess:
         ready = Path(self._dir.name) / "ready.json"
-        cmd = [sys.executable, "-m", "cli.main", "serve", "--host", self.host,
-               "--port", "0", "--control-port", "0", "--log-level", self.log_level,
-               "--ready-file", str(ready), *self.extra]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=self.stderr,
-                                     env=child_env())
+        cmd = [
+            sys.executable,
+            "-m",
+            "cli.main",
+            "serve",
+            "--host",
+            self.host,
+            "--port",
+            "0",
+            "--control-port",
+            "0",
+            "--log-level",
+            self.log_level,
+            "--ready-file",
+            str(ready),
+            *self.extra,
+        ]
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stderr=self.stderr, env=child_env()
+        )
         deadline = time.monotonic() + self.startup_timeout
         while not ready.exists():
             if self.proc.poll() is not None:

@@ -11,8 +11,10 @@ BUFFER_BYTES = 16 << 20
 def set_socket_buffers(sock: socket.socket, size: int = BUFFER_BYTES) -> None:
     """Ask for large send/receive buffers: bursts of a whole window must not
     overflow them. Root may exceed ``net.core.rmem_max`` with the FORCE options."""
-    for force, plain in ((getattr(socket, "SO_RCVBUFFORCE", None), socket.SO_RCVBUF),
-                         (getattr(socket, "SO_SNDBUFFORCE", None), socket.SO_SNDBUF)):  # fmt: skip
+    for force, plain in (
+        (getattr(socket, "SO_RCVBUFFORCE", None), socket.SO_RCVBUF),
+        (getattr(socket, "SO_SNDBUFFORCE", None), socket.SO_SNDBUF),
+    ):
         done = False
         if force is not None:
             with contextlib.suppress(OSError):

@@ -62,15 +62,31 @@ _IP_WORDS = struct.Struct("!10H")
 #: :meth:`PcapWriter.write_batch` fills one row per packet without Python loops.
 _RECORD_DTYPE = np.dtype(
     [
-        ("ts_sec", "<u4"), ("ts_usec", "<u4"), ("incl_len", "<u4"), ("orig_len", "<u4"),
-        ("eth_dst_oui", ">u2"), ("eth_dst_ip", ">u4"),
-        ("eth_src_oui", ">u2"), ("eth_src_ip", ">u4"), ("eth_type", ">u2"),
-        ("ver_ihl", "u1"), ("tos", "u1"), ("ip_len", ">u2"), ("ip_id", ">u2"),
-        ("frag", ">u2"), ("ttl", "u1"), ("proto", "u1"), ("ip_sum", ">u2"),
-        ("ip_src", ">u4"), ("ip_dst", ">u4"),
-        ("sport", ">u2"), ("dport", ">u2"), ("udp_len", ">u2"), ("udp_sum", ">u2"),
+        ("ts_sec", "<u4"),
+        ("ts_usec", "<u4"),
+        ("incl_len", "<u4"),
+        ("orig_len", "<u4"),
+        ("eth_dst_oui", ">u2"),
+        ("eth_dst_ip", ">u4"),
+        ("eth_src_oui", ">u2"),
+        ("eth_src_ip", ">u4"),
+        ("eth_type", ">u2"),
+        ("ver_ihl", "u1"),
+        ("tos", "u1"),
+        ("ip_len", ">u2"),
+        ("ip_id", ">u2"),
+        ("frag", ">u2"),
+        ("ttl", "u1"),
+        ("proto", "u1"),
+        ("ip_sum", ">u2"),
+        ("ip_src", ">u4"),
+        ("ip_dst", ">u4"),
+        ("sport", ">u2"),
+        ("dport", ">u2"),
+        ("udp_len", ">u2"),
+        ("udp_sum", ">u2"),
     ]
-)  # fmt: skip
+)
 assert _RECORD_DTYPE.itemsize == RECORD_HEADER_LEN + FRAME_OVERHEAD
 _IP_START = RECORD_HEADER_LEN + ETH_LEN
 _MAC_OUI = 0x0200  # first two MAC bytes: locally administered, unicast
@@ -198,9 +214,10 @@ class PcapWriter:
             self._dropped += 1
             return False
         ip_hdr = bytearray(
-            _IPV4.pack(0x45, 0, IPV4_LEN + UDP_LEN + n, self._ip_id, 0, TTL, IPPROTO_UDP, 0,
-                       src_ip, dst_ip)
-        )  # fmt: skip
+            _IPV4.pack(
+                0x45, 0, IPV4_LEN + UDP_LEN + n, self._ip_id, 0, TTL, IPPROTO_UDP, 0, src_ip, dst_ip
+            )
+        )
         ip_hdr[10:12] = ipv4_checksum(ip_hdr).to_bytes(2, "big")
         out.write(
             _RECORD.pack(sec, usec, incl, orig)

@@ -120,10 +120,15 @@ class ReferenceSwitch:
         if retransmission and here.count != 0:
             return Action.RETRANSMIT_PENDING, []
         result = wire.encode(
-            size_code=job.size_code, job_number=pkt.job_number, tsi=pkt.tsi,
-            set=pkt.set, slot=pkt.slot, e0=here.e0, e1=here.e1,
+            size_code=job.size_code,
+            job_number=pkt.job_number,
+            tsi=pkt.tsi,
+            set=pkt.set,
+            slot=pkt.slot,
+            e0=here.e0,
+            e1=here.e1,
             values=np.array(here.values, dtype=np.int32),
-        )  # fmt: skip
+        )
         if retransmission:
             return Action.UNICAST, [(result, src)]
         out = []

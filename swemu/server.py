@@ -241,8 +241,13 @@ class Emulator:
             raise
         self._data = DataPlane(self.engine, self._sock, self._loop)
         self._data.start()
-        log.info("data plane on udp %s:%d, control plane on grpc %s:%d",
-                 self.host, self.port, self.control_host, self.control_port)  # fmt: skip
+        log.info(
+            "data plane on udp %s:%d, control plane on grpc %s:%d",
+            self.host,
+            self.port,
+            self.control_host,
+            self.control_port,
+        )
 
     def _arm_timer(self) -> None:
         if self._timer is not None:
@@ -278,8 +283,11 @@ def summary_line(snap: dict) -> str:
     for job in snap["jobs"]:
         for k, v in job["counters"].items():
             tot[k] = tot.get(k, 0) + v
-    parts = [f"{len(snap['jobs'])} jobs", f"pkts_in={snap['counters']['pkts_in']}",
-             f"drop_unknown_source={snap['counters']['drop_unknown_source']}"]  # fmt: skip
+    parts = [
+        f"{len(snap['jobs'])} jobs",
+        f"pkts_in={snap['counters']['pkts_in']}",
+        f"drop_unknown_source={snap['counters']['drop_unknown_source']}",
+    ]
     parts += [f"{k}={v}" for k, v in tot.items() if k not in ("pkts_in",)]
     return " ".join(parts)
 

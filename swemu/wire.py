@@ -170,8 +170,14 @@ def decode(data: bytes | bytearray | memoryview, expected_size_code: int | None 
     set_, slot = split_pool_index(int(hdr["pool_index"]))
     values = np.frombuffer(data, VALUE_DTYPE, offset=HEADER_LEN).astype(np.int32)
     return Packet(
-        size_code, int(hdr["job_number"]), int(hdr["tsi"]), set_, slot,
-        int(hdr["e0"]), int(hdr["e1"]), values,
+        size_code,
+        int(hdr["job_number"]),
+        int(hdr["tsi"]),
+        set_,
+        slot,
+        int(hdr["e0"]),
+        int(hdr["e1"]),
+        values,
     )
 
 

@@ -35,9 +35,15 @@ PACKET_DEFAULTS: dict[str, int] = {
 PACKET_KEYS = {*PACKET_DEFAULTS, "size_code", "values", "fill", "n_values"}
 STEP_KEYS = {"from", "packet", "raw_hex", "expect", "note", "register"}
 ACTIONS = (
-    "DROP_UNKNOWN_SOURCE", "DROP_MALFORMED", "DROP_WRONG_SIZE", "DROP_SLOT_RANGE",
-    "AGGREGATED", "MULTICAST", "RETRANSMIT_PENDING", "UNICAST",
-)  # fmt: skip
+    "DROP_UNKNOWN_SOURCE",
+    "DROP_MALFORMED",
+    "DROP_WRONG_SIZE",
+    "DROP_SLOT_RANGE",
+    "AGGREGATED",
+    "MULTICAST",
+    "RETRANSMIT_PENDING",
+    "UNICAST",
+)
 
 
 class VectorError(ValueError):
@@ -119,9 +125,7 @@ def build_packet(packet: dict[str, Any]) -> bytes:
     p = {**PACKET_DEFAULTS, **packet}
     byte0 = (p["msg_type"] & 0xF) << 4 | (p["unused"] & 1) << 3 | (p["size_code"] & 7)
     pool_index = (p["set"] & 1) << 15 | (p["pool_index_unused"] & 1) << 14 | (p["slot"] & 0x3FFF)
-    header = struct.pack(
-        ">BBIHbb", byte0, p["job_number"], p["tsi"], pool_index, p["e0"], p["e1"]
-    )
+    header = struct.pack(">BBIHbb", byte0, p["job_number"], p["tsi"], pool_index, p["e0"], p["e1"])
     values = values_of(p)
     return header + struct.pack(f">{len(values)}i", *values)
 
@@ -183,11 +187,15 @@ def initial_registrations(vector: dict[str, Any]) -> list[Registration]:
         for worker in sorted(job["workers"], key=lambda w: w["rank"]):
             regs.append(
                 Registration(
-                    job["session_id"], worker["rank"], job["num_workers"],
-                    ip_to_int(worker["ip"]), worker["udp_port"], job["size_code"],
+                    job["session_id"],
+                    worker["rank"],
+                    job["num_workers"],
+                    ip_to_int(worker["ip"]),
+                    worker["udp_port"],
+                    job["size_code"],
                     job["pool_size"],
                 )
-            )  # fmt: skip
+            )
     return regs
 
 
@@ -195,9 +203,14 @@ def step_registration(step: dict[str, Any]) -> Registration:
     """The UdpSession call of a ``register`` step."""
     r = step["register"]
     return Registration(
-        r["session_id"], r["rank"], r["num_workers"], ip_to_int(r["ip"]), r["udp_port"],
-        r["size_code"], r["pool_size"],
-    )  # fmt: skip
+        r["session_id"],
+        r["rank"],
+        r["num_workers"],
+        ip_to_int(r["ip"]),
+        r["udp_port"],
+        r["size_code"],
+        r["pool_size"],
+    )
 
 
 def packet_steps(vector: dict[str, Any]) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -240,10 +253,14 @@ def make_engine(vector: dict[str, Any]) -> Any:
 def register_on_engine(engine: Any, reg: Registration) -> None:
     """Apply one UdpSession call to an engine."""
     engine.register(
-        session_id=reg.session_id, rank=reg.rank, num_workers=reg.num_workers,
-        ipv4=reg.ipv4, udp_port=reg.udp_port, packet_size=reg.size_code,
+        session_id=reg.session_id,
+        rank=reg.rank,
+        num_workers=reg.num_workers,
+        ipv4=reg.ipv4,
+        udp_port=reg.udp_port,
+        packet_size=reg.size_code,
         pool_size=reg.pool_size,
-    )  # fmt: skip
+    )
 
 
 def run_vector_on_engine(vector: dict[str, Any]) -> list[StepResult]:

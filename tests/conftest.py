@@ -13,7 +13,7 @@ from swemu import wire
 LOCALHOST = 0x7F000001
 
 
-def pytest_asyncio_loop_factories(config, item):  # noqa: ANN001, ARG001
+def pytest_asyncio_loop_factories(config, item):
     """Every async test runs under the default asyncio loop and under uvloop."""
     factories = {"asyncio": asyncio.new_event_loop}
     try:
@@ -24,8 +24,17 @@ def pytest_asyncio_loop_factories(config, item):  # noqa: ANN001, ARG001
     return factories
 
 
-def packet(slot: int = 0, set: int = 0, values=None, *, code: int = 0, tsi: int = 0,
-           job: int = 0, e0: int = 0, e1: int = 0) -> bytes:  # fmt: skip
+def packet(
+    slot: int = 0,
+    set: int = 0,
+    values=None,
+    *,
+    code: int = 0,
+    tsi: int = 0,
+    job: int = 0,
+    e0: int = 0,
+    e1: int = 0,
+) -> bytes:
     """A SwitchML packet; ``values`` may be a scalar (filled) or a sequence (zero-padded)."""
     n = wire.values_per_packet(code)
     arr = np.zeros(n, np.int32)
@@ -35,8 +44,9 @@ def packet(slot: int = 0, set: int = 0, values=None, *, code: int = 0, tsi: int 
             arr[:] = v[0]
         else:
             arr[: v.size] = v
-    return wire.encode(size_code=code, job_number=job, tsi=tsi, set=set, slot=slot,
-                       values=arr, e0=e0, e1=e1)  # fmt: skip
+    return wire.encode(
+        size_code=code, job_number=job, tsi=tsi, set=set, slot=slot, values=arr, e0=e0, e1=e1
+    )
 
 
 class UdpPeer:

@@ -31,8 +31,15 @@ def build_pair() -> tuple[SwitchEngine, ReferenceSwitch]:
     for sid, w, code, pool, workers in JOBS:
         ref.add_job(sid, w, code, pool)
         for rank, (ip, port) in enumerate(workers):
-            eng.register(session_id=sid, rank=rank, num_workers=w, ipv4=ip, udp_port=port,
-                         packet_size=code, pool_size=pool)  # fmt: skip
+            eng.register(
+                session_id=sid,
+                rank=rank,
+                num_workers=w,
+                ipv4=ip,
+                udp_port=port,
+                packet_size=code,
+                pool_size=pool,
+            )
             ref.add_worker(sid, rank, ip, port)
     return eng, ref
 
@@ -46,13 +53,21 @@ def datagrams(draw: st.DrawFn) -> tuple[bytes, tuple[int, int]]:
     if kind == "short":
         return draw(st.binary(max_size=9)), src
     code = draw(st.sampled_from([0, 0, 0, 1]))
-    vals = draw(st.lists(st.sampled_from([0, 1, -1, 7, 2**31 - 1, -(2**31), 12345]),
-                         min_size=1, max_size=4))  # fmt: skip
-    data = bytearray(packet(
-        slot=draw(st.integers(0, 4)), set=draw(st.integers(0, 1)), values=vals, code=code,
-        tsi=draw(st.integers(0, 3)), job=draw(st.integers(0, 2)),
-        e0=draw(st.integers(-128, 127)), e1=draw(st.integers(-128, 127)),
-    ))  # fmt: skip
+    vals = draw(
+        st.lists(st.sampled_from([0, 1, -1, 7, 2**31 - 1, -(2**31), 12345]), min_size=1, max_size=4)
+    )
+    data = bytearray(
+        packet(
+            slot=draw(st.integers(0, 4)),
+            set=draw(st.integers(0, 1)),
+            values=vals,
+            code=code,
+            tsi=draw(st.integers(0, 3)),
+            job=draw(st.integers(0, 2)),
+            e0=draw(st.integers(-128, 127)),
+            e1=draw(st.integers(-128, 127)),
+        )
+    )
     if draw(st.booleans()):
         data[0] |= 0x08  # the unused bit is ignored on input
     if draw(st.booleans()):
@@ -91,9 +106,18 @@ def test_kernel_body_in_python(monkeypatch):
     stream = []
     for _ in range(200):
         src = SOURCES[rng.integers(len(SOURCES))]
-        stream.append((packet(slot=int(rng.integers(0, 4)), set=int(rng.integers(0, 2)),
-                              values=rng.integers(-(2**31), 2**31, 4), tsi=int(rng.integers(4)),
-                              e0=int(rng.integers(-128, 128))), src))  # fmt: skip
+        stream.append(
+            (
+                packet(
+                    slot=int(rng.integers(0, 4)),
+                    set=int(rng.integers(0, 2)),
+                    values=rng.integers(-(2**31), 2**31, 4),
+                    tsi=int(rng.integers(4)),
+                    e0=int(rng.integers(-128, 128)),
+                ),
+                src,
+            )
+        )
     jit_eng, _ = build_pair()
     jit_out = [jit_eng.receive_datagram(d, s) for d, s in stream]
     monkeypatch.setattr(K, "_process_batch", K._process_batch.py_func)
@@ -106,8 +130,15 @@ def test_kernel_body_in_python(monkeypatch):
 def make(w: int, code: int = 0, pool: int = 4, **cfg) -> SwitchEngine:
     eng = SwitchEngine(EngineConfig(**{"pool_size": 16, **cfg}))
     for r in range(w):
-        eng.register(session_id=1, rank=r, num_workers=w, ipv4=LOCALHOST, udp_port=1000 + r,
-                     packet_size=code, pool_size=pool)  # fmt: skip
+        eng.register(
+            session_id=1,
+            rank=r,
+            num_workers=w,
+            ipv4=LOCALHOST,
+            udp_port=1000 + r,
+            packet_size=code,
+            pool_size=pool,
+        )
     return eng
 
 
@@ -159,8 +190,15 @@ def test_retransmission_of_incomplete_slot_counts_once():
 
 def test_registration_errors():
     eng = SwitchEngine(EngineConfig(pool_size=64, max_workers=8, max_pool_memory=10**6))
-    ok = {"session_id": 5, "rank": 0, "num_workers": 2, "ipv4": LOCALHOST, "udp_port": 1,
-          "packet_size": 1, "pool_size": 8}  # fmt: skip
+    ok = {
+        "session_id": 5,
+        "rank": 0,
+        "num_workers": 2,
+        "ipv4": LOCALHOST,
+        "udp_port": 1,
+        "packet_size": 1,
+        "pool_size": 8,
+    }
     cases = [
         ({"session_id": 0}, "INVALID_ARGUMENT", "session_id"),
         ({"packet_size": 8}, "INVALID_ARGUMENT", "packet_size"),
@@ -185,18 +223,39 @@ def test_registration_errors():
 def test_rank0_replaces_session_and_address_moves_between_jobs():
     eng = make(2)
     eng.receive_datagram(packet(values=5), (LOCALHOST, 1000))  # slot 0 half full
-    eng.register(session_id=1, rank=0, num_workers=2, ipv4=LOCALHOST, udp_port=1000,
-                 packet_size=0, pool_size=4)  # fmt: skip
+    eng.register(
+        session_id=1,
+        rank=0,
+        num_workers=2,
+        ipv4=LOCALHOST,
+        udp_port=1000,
+        packet_size=0,
+        pool_size=4,
+    )
     assert 1001 not in [p for _, p in eng.jobs[1].workers.values()]  # rank 1 must re-register
     assert eng.released["replaced"] == 1
-    eng.register(session_id=1, rank=1, num_workers=2, ipv4=LOCALHOST, udp_port=1001,
-                 packet_size=0, pool_size=4)  # fmt: skip
+    eng.register(
+        session_id=1,
+        rank=1,
+        num_workers=2,
+        ipv4=LOCALHOST,
+        udp_port=1001,
+        packet_size=0,
+        pool_size=4,
+    )
     eng.receive_datagram(packet(values=1), (LOCALHOST, 1000))
     _, out = eng.receive_datagram(packet(values=1), (LOCALHOST, 1001))
     assert wire.decode(out[0][0]).values[0] == 2  # the old half-full slot was dropped
     # the address of rank 1 joins another job: it leaves job 1
-    eng.register(session_id=2, rank=0, num_workers=1, ipv4=LOCALHOST, udp_port=1001,
-                 packet_size=0, pool_size=4)  # fmt: skip
+    eng.register(
+        session_id=2,
+        rank=0,
+        num_workers=1,
+        ipv4=LOCALHOST,
+        udp_port=1001,
+        packet_size=0,
+        pool_size=4,
+    )
     assert 1 not in eng.jobs[1].workers
     act, out = eng.receive_datagram(packet(values=7), (LOCALHOST, 1001))
     assert act == Action.MULTICAST and out[0][1] == (LOCALHOST, 1001)
@@ -205,8 +264,9 @@ def test_rank0_replaces_session_and_address_moves_between_jobs():
 
 def test_idle_jobs_are_released_by_the_timer():
     eng = SwitchEngine(EngineConfig(pool_size=4, idle_timeout=5.0))
-    eng.register(session_id=3, rank=0, num_workers=1, ipv4=LOCALHOST, udp_port=1,
-                 packet_size=0, now=100.0)  # fmt: skip
+    eng.register(
+        session_id=3, rank=0, num_workers=1, ipv4=LOCALHOST, udp_port=1, packet_size=0, now=100.0
+    )
     assert eng.get_timer() == 105.0
     eng.receive_datagram(packet(), (LOCALHOST, 1), now=103.0)
     assert eng.handle_timer(106.0) == [] and eng.get_timer() == 108.0
@@ -218,8 +278,9 @@ def test_memory_is_proportional_to_pools_not_traffic():
     eng = make(2, code=1, pool=8)
     before = eng.memory_in_use
     for i in range(2000):
-        eng.receive_datagram(packet(slot=i % 8, set=(i // 16) % 2, values=i, code=1),
-                             (LOCALHOST, 1000 + i % 2))  # fmt: skip
+        eng.receive_datagram(
+            packet(slot=i % 8, set=(i // 16) % 2, values=i, code=1), (LOCALHOST, 1000 + i % 2)
+        )
         eng.receive_datagram(b"\x00" * (i % 50), (0x01020304, i))
     assert eng.memory_in_use == before == pool_bytes(8, 1)
     assert eng.snapshot()["counters"]["drop_unknown_source"] == 2000

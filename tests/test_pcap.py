@@ -156,8 +156,9 @@ def _as_batch(traffic):
     return buf, lens, cols, ts
 
 
-@pytest.mark.parametrize(("seed", "code", "snaplen"), [(5, None, 65535), (6, None, 300),
-                                                       (7, 3, 65535), (8, 2, 300)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("seed", "code", "snaplen"), [(5, None, 65535), (6, None, 300), (7, 3, 65535), (8, 2, 300)]
+)
 def test_write_batch_matches_single_writes(
     tmp_path: Path, seed: int, code: int | None, snaplen: int
 ) -> None:
@@ -169,10 +170,14 @@ def test_write_batch_matches_single_writes(
     write_all(single, traffic, snaplen=snaplen)
     buf, lens, (sip, sport, dip, dport), ts = _as_batch(traffic)
     with PcapWriter(batched, snaplen=snaplen) as w:
-        assert w.write_batch(buf[:10], lens[:10], sip[:10], sport[:10], dip[:10], dport[:10],
-                             ts[:10]) == 10  # fmt: skip
-        assert w.write_batch(buf[10:], lens[10:], sip[10:], sport[10:], dip[10:], dport[10:],
-                             ts[10:]) == len(traffic) - 10  # fmt: skip
+        assert (
+            w.write_batch(buf[:10], lens[:10], sip[:10], sport[:10], dip[:10], dport[:10], ts[:10])
+            == 10
+        )
+        assert (
+            w.write_batch(buf[10:], lens[10:], sip[10:], sport[10:], dip[10:], dport[10:], ts[10:])
+            == len(traffic) - 10
+        )
     assert w.packets == len(traffic)
     assert w.bytes_written == os.path.getsize(batched)
     assert batched.read_bytes() == single.read_bytes()
@@ -314,8 +319,12 @@ def test_read_pcap_other_writers_and_link_types(tmp_path: Path) -> None:
     payload = b"\x11" + bytes(9) + bytes(128)
     udp = s.UDP(sport=4000, dport=0xBEE7) / s.Raw(payload)
     ip = s.IP(src="10.0.0.9", dst="10.0.0.100")
-    want = CapturedPacket(5.25, (wire.ipv4_to_int("10.0.0.9"), 4000),
-                          (wire.ipv4_to_int("10.0.0.100"), 0xBEE7), payload)  # fmt: skip
+    want = CapturedPacket(
+        5.25,
+        (wire.ipv4_to_int("10.0.0.9"), 4000),
+        (wire.ipv4_to_int("10.0.0.100"), 0xBEE7),
+        payload,
+    )
 
     def check(pkts, frames, **kw):
         path = tmp_path / "o.pcap"
@@ -364,7 +373,8 @@ def test_tcpdump_reads_the_capture(tmp_path: Path) -> None:
     traffic = random_traffic(11, count=12)
     path = tmp_path / "td.pcap"
     write_all(path, traffic)
-    out = subprocess.run(["tcpdump", "-nn", "-v", "-r", str(path)], capture_output=True,
-                         text=True, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        ["tcpdump", "-nn", "-v", "-r", str(path)], capture_output=True, text=True, check=True
+    ).stdout
     assert out.count(" UDP, length ") == len(traffic)
     assert "bad cksum" not in out

@@ -44,9 +44,15 @@ def packets(draw: st.DrawFn, code: st.SearchStrategy[int] | None = None) -> dict
 
 def layer_of(p: dict) -> SwitchML:
     return SwitchML(
-        size=p["size_code"], job_number=p["job_number"], tsi=p["tsi"], set=p["set"],
-        slot=p["slot"], e0=p["e0"], e1=p["e1"], values=[int(v) for v in p["values"]],
-    )  # fmt: skip
+        size=p["size_code"],
+        job_number=p["job_number"],
+        tsi=p["tsi"],
+        set=p["set"],
+        slot=p["slot"],
+        e0=p["e0"],
+        e1=p["e1"],
+        values=[int(v) for v in p["values"]],
+    )
 
 
 def assert_fields(sw: SwitchML, p: dict) -> None:
@@ -78,15 +84,15 @@ def test_through_udp_to_and_from_every_switch_port(p: dict) -> None:
     payload = wire.encode(**p)
     port = wire.UDP_PORT_BASE + p["slot"] % 16
     for sport, dport in ((1234, port), (port, 40000)):  # worker -> switch, switch -> worker
-        frame = IP(bytes(IP(src="10.0.0.1", dst="10.0.0.2") / UDP(sport=sport, dport=dport)
-                         / payload))  # fmt: skip
+        frame = IP(
+            bytes(IP(src="10.0.0.1", dst="10.0.0.2") / UDP(sport=sport, dport=dport) / payload)
+        )
         assert SwitchML in frame, (sport, dport)
         assert_fields(frame[SwitchML], p)
 
 
 def test_the_brief_example_and_unbound_ports() -> None:
-    payload = wire.encode(size_code=1, job_number=9, tsi=77, set=1, slot=5,
-                          values=np.arange(64))  # fmt: skip
+    payload = wire.encode(size_code=1, job_number=9, tsi=77, set=1, slot=5, values=np.arange(64))
     pkt = IP(bytes(IP() / UDP(sport=1234, dport=0xBEE5) / payload))
     assert pkt[SwitchML].tsi == 77 and pkt[SwitchML].values == list(range(64))
     # 0xBEF0 and 0xBEDF are outside port & 0xFFF0 == 0xBEE0
@@ -105,13 +111,29 @@ def test_building_on_udp_defaults_to_the_switch_port() -> None:
 def test_int32_extremes_and_negative_exponents(code: int) -> None:
     n = 32 << code
     values = np.resize(np.array([INT32_MIN, INT32_MAX, -1, 0]), n)
-    enc = wire.encode(size_code=code, job_number=255, tsi=2**32 - 1, set=1,
-                      slot=wire.MAX_SLOTS - 1, e0=-128, e1=-1, values=values)  # fmt: skip
+    enc = wire.encode(
+        size_code=code,
+        job_number=255,
+        tsi=2**32 - 1,
+        set=1,
+        slot=wire.MAX_SLOTS - 1,
+        e0=-128,
+        e1=-1,
+        values=values,
+    )
     sw = SwitchML(enc)
     assert (sw.e0, sw.e1, sw.tsi, sw.slot, sw.set) == (-128, -1, 2**32 - 1, 16383, 1)
     assert sw.values[:4] == [INT32_MIN, INT32_MAX, -1, 0]
-    built = SwitchML(size=code, job_number=255, tsi=2**32 - 1, set=1, slot=16383,
-                     e0=-128, e1=-1, values=values.tolist())  # fmt: skip
+    built = SwitchML(
+        size=code,
+        job_number=255,
+        tsi=2**32 - 1,
+        set=1,
+        slot=16383,
+        e0=-128,
+        e1=-1,
+        values=values.tolist(),
+    )
     assert bytes(built) == enc
     assert enc[6:10] == b"\xbf\xff\x80\xff"  # pool_index 0xBFFF, e0 0x80, e1 0xFF
 
@@ -141,10 +163,16 @@ def test_switchml_packets_reads_our_capture(tmp_path: Path) -> None:
 
     rng = np.random.default_rng(1)
     sent = [
-        wire.encode(size_code=c, job_number=c, tsi=100 + c, set=c & 1, slot=c,
-                    values=rng.integers(INT32_MIN, INT32_MAX, 32 << c, endpoint=True))
+        wire.encode(
+            size_code=c,
+            job_number=c,
+            tsi=100 + c,
+            set=c & 1,
+            slot=c,
+            values=rng.integers(INT32_MIN, INT32_MAX, 32 << c, endpoint=True),
+        )
         for c in range(8)
-    ]  # fmt: skip
+    ]
     path = tmp_path / "c.pcap"
     with PcapWriter(path) as w:
         for i, data in enumerate(sent):

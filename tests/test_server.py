@@ -28,9 +28,18 @@ async def emu():
 
 async def register(emu, peers, sid=7, code=0, pool=8, **kw):
     for rank, p in enumerate(peers):
-        resp = await emu.session.UdpSession(pb.UdpSessionRequest(
-            session_id=sid, rank=rank, num_workers=len(peers), ipv4=LOCALHOST,
-            packet_size=code, udp_port=p.port, pool_size=pool, **kw))  # fmt: skip
+        resp = await emu.session.UdpSession(
+            pb.UdpSessionRequest(
+                session_id=sid,
+                rank=rank,
+                num_workers=len(peers),
+                ipv4=LOCALHOST,
+                packet_size=code,
+                udp_port=p.port,
+                pool_size=pool,
+                **kw,
+            )
+        )
         assert resp.session_id == sid and resp.ipv4 == LOCALHOST
 
 
@@ -44,7 +53,13 @@ async def test_aggregation_multicast_and_unicast_over_udp(emu, peers):
         assert src == emu.data_address  # from the switch's address and the port sent to
         res = wire.decode(data)
         assert (res.values[0], res.values[1], res.tsi, res.job_number, res.slot, res.e0) == (
-            6, -6, 9, 4, 3, 0)
+            6,
+            -6,
+            9,
+            4,
+            3,
+            0,
+        )
     # c lost its result: its retransmission is answered to c alone
     c.send(packet(slot=3, values=[3, -3], tsi=9, job=4, e0=0), emu.data_address)
     data, _ = await c.recv()
@@ -107,9 +122,17 @@ async def test_flood_of_random_bytes_then_normal_aggregation(emu, peers):
 async def test_ip_only_worker_gets_results_on_source_port(emu, peers):
     (a,), (b,) = peers(1), peers(1, host="127.0.0.2")
     for rank, ip, port in ((0, LOCALHOST, a.port), (1, 0x7F000002, 0)):
-        await emu.session.UdpSession(pb.UdpSessionRequest(
-            session_id=3, rank=rank, num_workers=2, ipv4=ip, packet_size=0, udp_port=port,
-            pool_size=4))  # fmt: skip
+        await emu.session.UdpSession(
+            pb.UdpSessionRequest(
+                session_id=3,
+                rank=rank,
+                num_workers=2,
+                ipv4=ip,
+                packet_size=0,
+                udp_port=port,
+                pool_size=4,
+            )
+        )
     a.send(packet(values=1), emu.data_address)
     b.send(packet(values=2), emu.data_address)  # b is known by its IP alone
     for p in (a, b):  # b's copy goes to the source port of the triggering packet
@@ -132,8 +155,16 @@ async def test_ip_only_worker_gets_results_on_source_port(emu, peers):
     ],
 )
 async def test_refused_registrations(emu, change, code, words):
-    req = {"session_id": 9, "rank": 0, "num_workers": 4, "ipv4": LOCALHOST, "packet_size": 1,
-           "udp_port": 1234, "pool_size": 8, **change}  # fmt: skip
+    req = {
+        "session_id": 9,
+        "rank": 0,
+        "num_workers": 4,
+        "ipv4": LOCALHOST,
+        "packet_size": 1,
+        "udp_port": 1234,
+        "pool_size": 8,
+        **change,
+    }
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await emu.session.UdpSession(pb.UdpSessionRequest(**req))
     assert info.value.code() == code and words in info.value.details()

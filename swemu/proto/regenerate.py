@@ -13,15 +13,22 @@ def main() -> int:
     here = pathlib.Path(__file__).parent
     for proto in sorted(here.glob("*.proto")):
         rc = protoc.main(
-            ["protoc", f"-I{here}", f"--python_out={here}", f"--pyi_out={here}",
-             f"--grpc_python_out={here}", str(proto)]
+            [
+                "protoc",
+                f"-I{here}",
+                f"--python_out={here}",
+                f"--pyi_out={here}",
+                f"--grpc_python_out={here}",
+                str(proto),
+            ]
         )
         if rc:
             return rc
         stub = here / f"{proto.stem}_pb2_grpc.py"
         # protoc writes absolute imports; the stubs live inside a package.
-        stub.write_text(re.sub(r"^import (\w+_pb2) as", r"from . import \1 as",
-                               stub.read_text(), flags=re.M))
+        stub.write_text(
+            re.sub(r"^import (\w+_pb2) as", r"from . import \1 as", stub.read_text(), flags=re.M)
+        )
     return 0
 
 

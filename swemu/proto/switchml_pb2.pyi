@@ -1,9 +1,10 @@
-from google.protobuf.internal import containers as _containers
-from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from collections.abc import Iterable as _Iterable
+from typing import ClassVar as _ClassVar
+
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -17,6 +18,7 @@ class PacketSize(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EMU_4096: _ClassVar[PacketSize]
     EMU_8192: _ClassVar[PacketSize]
     EMU_16384: _ClassVar[PacketSize]
+
 MTU_128: PacketSize
 MTU_256: PacketSize
 MTU_512: PacketSize
@@ -27,7 +29,18 @@ EMU_8192: PacketSize
 EMU_16384: PacketSize
 
 class RdmaSessionRequest(_message.Message):
-    __slots__ = ("session_id", "rank", "num_workers", "mac", "ipv4", "rkey", "packet_size", "message_size", "qpns", "psns")
+    __slots__ = (
+        "ipv4",
+        "mac",
+        "message_size",
+        "num_workers",
+        "packet_size",
+        "psns",
+        "qpns",
+        "rank",
+        "rkey",
+        "session_id",
+    )
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
@@ -48,10 +61,22 @@ class RdmaSessionRequest(_message.Message):
     message_size: int
     qpns: _containers.RepeatedScalarFieldContainer[int]
     psns: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, session_id: _Optional[int] = ..., rank: _Optional[int] = ..., num_workers: _Optional[int] = ..., mac: _Optional[int] = ..., ipv4: _Optional[int] = ..., rkey: _Optional[int] = ..., packet_size: _Optional[_Union[PacketSize, str]] = ..., message_size: _Optional[int] = ..., qpns: _Optional[_Iterable[int]] = ..., psns: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(
+        self,
+        session_id: int | None = ...,
+        rank: int | None = ...,
+        num_workers: int | None = ...,
+        mac: int | None = ...,
+        ipv4: int | None = ...,
+        rkey: int | None = ...,
+        packet_size: PacketSize | str | None = ...,
+        message_size: int | None = ...,
+        qpns: _Iterable[int] | None = ...,
+        psns: _Iterable[int] | None = ...,
+    ) -> None: ...
 
 class RdmaSessionResponse(_message.Message):
-    __slots__ = ("session_id", "mac", "ipv4", "rkeys", "qpns", "psns")
+    __slots__ = ("ipv4", "mac", "psns", "qpns", "rkeys", "session_id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MAC_FIELD_NUMBER: _ClassVar[int]
     IPV4_FIELD_NUMBER: _ClassVar[int]
@@ -64,10 +89,27 @@ class RdmaSessionResponse(_message.Message):
     rkeys: _containers.RepeatedScalarFieldContainer[int]
     qpns: _containers.RepeatedScalarFieldContainer[int]
     psns: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, session_id: _Optional[int] = ..., mac: _Optional[int] = ..., ipv4: _Optional[int] = ..., rkeys: _Optional[_Iterable[int]] = ..., qpns: _Optional[_Iterable[int]] = ..., psns: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(
+        self,
+        session_id: int | None = ...,
+        mac: int | None = ...,
+        ipv4: int | None = ...,
+        rkeys: _Iterable[int] | None = ...,
+        qpns: _Iterable[int] | None = ...,
+        psns: _Iterable[int] | None = ...,
+    ) -> None: ...
 
 class UdpSessionRequest(_message.Message):
-    __slots__ = ("session_id", "rank", "num_workers", "mac", "ipv4", "packet_size", "udp_port", "pool_size")
+    __slots__ = (
+        "ipv4",
+        "mac",
+        "num_workers",
+        "packet_size",
+        "pool_size",
+        "rank",
+        "session_id",
+        "udp_port",
+    )
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
@@ -84,10 +126,20 @@ class UdpSessionRequest(_message.Message):
     packet_size: PacketSize
     udp_port: int
     pool_size: int
-    def __init__(self, session_id: _Optional[int] = ..., rank: _Optional[int] = ..., num_workers: _Optional[int] = ..., mac: _Optional[int] = ..., ipv4: _Optional[int] = ..., packet_size: _Optional[_Union[PacketSize, str]] = ..., udp_port: _Optional[int] = ..., pool_size: _Optional[int] = ...) -> None: ...
+    def __init__(
+        self,
+        session_id: int | None = ...,
+        rank: int | None = ...,
+        num_workers: int | None = ...,
+        mac: int | None = ...,
+        ipv4: int | None = ...,
+        packet_size: PacketSize | str | None = ...,
+        udp_port: int | None = ...,
+        pool_size: int | None = ...,
+    ) -> None: ...
 
 class UdpSessionResponse(_message.Message):
-    __slots__ = ("session_id", "mac", "ipv4", "data_ports")
+    __slots__ = ("data_ports", "ipv4", "mac", "session_id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MAC_FIELD_NUMBER: _ClassVar[int]
     IPV4_FIELD_NUMBER: _ClassVar[int]
@@ -96,7 +148,13 @@ class UdpSessionResponse(_message.Message):
     mac: int
     ipv4: int
     data_ports: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, session_id: _Optional[int] = ..., mac: _Optional[int] = ..., ipv4: _Optional[int] = ..., data_ports: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(
+        self,
+        session_id: int | None = ...,
+        mac: int | None = ...,
+        ipv4: int | None = ...,
+        data_ports: _Iterable[int] | None = ...,
+    ) -> None: ...
 
 class BarrierRequest(_message.Message):
     __slots__ = ("num_workers", "session_id")
@@ -104,14 +162,14 @@ class BarrierRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     num_workers: int
     session_id: int
-    def __init__(self, num_workers: _Optional[int] = ..., session_id: _Optional[int] = ...) -> None: ...
+    def __init__(self, num_workers: int | None = ..., session_id: int | None = ...) -> None: ...
 
 class BarrierResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class BroadcastRequest(_message.Message):
-    __slots__ = ("value", "rank", "num_workers", "root", "session_id")
+    __slots__ = ("num_workers", "rank", "root", "session_id", "value")
     VALUE_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
@@ -122,10 +180,17 @@ class BroadcastRequest(_message.Message):
     num_workers: int
     root: int
     session_id: int
-    def __init__(self, value: _Optional[int] = ..., rank: _Optional[int] = ..., num_workers: _Optional[int] = ..., root: _Optional[int] = ..., session_id: _Optional[int] = ...) -> None: ...
+    def __init__(
+        self,
+        value: int | None = ...,
+        rank: int | None = ...,
+        num_workers: int | None = ...,
+        root: int | None = ...,
+        session_id: int | None = ...,
+    ) -> None: ...
 
 class BroadcastResponse(_message.Message):
     __slots__ = ("value",)
     VALUE_FIELD_NUMBER: _ClassVar[int]
     value: int
-    def __init__(self, value: _Optional[int] = ...) -> None: ...
+    def __init__(self, value: int | None = ...) -> None: ...

@@ -1,0 +1,117 @@
+/*
+ * checks.p4 -- the counted drops after the worker lookup, and where the
+ * packet's (slot, set) lives in the registers.
+ *
+ * PROTOCOL.md section 2 orders the checks: unknown source (WorkerLookup) ->
+ * malformed (section 1, CheckPacket) -> slot index >= P (RejectSlot). A packet of a size code other than
+ * the job's is malformed too; it is counted apart, as the emulator does.
+ */
+
+#ifndef _CHECKS_P4_
+#define _CHECKS_P4_
+
+#include "configuration.p4"
+#include "types.p4"
+#include "headers.p4"
+
+control CheckPacket(
+    in header_t hdr,
+    inout ingress_metadata_t ig_md,
+    in ingress_intrinsic_metadata_from_parser_t ig_prsr_md) {
+
+    action well_formed() {
+    }
+
+    action malformed() {
+        ig_md.drop = 1;
+        ig_md.action_code = ACTION_DROP_MALFORMED;
+    }
+
+    action wrong_size() {
+        ig_md.drop = 1;
+        ig_md.action_code = ACTION_DROP_WRONG_SIZE;
+    }
+
+    // Section 1: msg_type must be 1 and the UDP length must be the one of the
+    // packet's size code; then the size code must be the job's. Anything that
+    // matches no entry (another msg_type, a length that fits no size code) is
+    // malformed. Only size code 1 is accepted: a job of another code cannot be
+    // programmed on this switch.
+    table check_packet {
+        key = {
+            hdr.switchml.msg_type : ternary;
+            hdr.switchml.size : ternary;
+            hdr.udp.len : ternary;
+            ig_md.size_code : ternary;
+        }
+        actions = {
+            well_formed;
+            wrong_size;
+            @defaultonly malformed;
+        }
+        const entries = {
+            // msg_type          size  UDP length        job's code
+            (MSG_TYPE_SWITCHML,  1,    UDP_LENGTH_CODE1, 1) : well_formed();
+            (MSG_TYPE_SWITCHML,  0,    UDP_LENGTH_CODE0, _) : wrong_size();
+            (MSG_TYPE_SWITCHML,  1,    UDP_LENGTH_CODE1, _) : wrong_size();
+            (MSG_TYPE_SWITCHML,  2,    UDP_LENGTH_CODE2, _) : wrong_size();
+            (MSG_TYPE_SWITCHML,  3,    UDP_LENGTH_CODE3, _) : wrong_size();
+            (MSG_TYPE_SWITCHML,  4,    UDP_LENGTH_CODE4, _) : wrong_size();
+            (MSG_TYPE_SWITCHML,  5,    UDP_LENGTH_CODE5, _) : wrong_size();
+            (MSG_TYPE_SWITCHML,  6,    UDP_LENGTH_CODE6, _) : wrong_size();
+            (MSG_TYPE_SWITCHML,  7,    UDP_LENGTH_CODE7, _) : wrong_size();
+        }
+        const default_action = malformed();
+        size = 16;
+    }
+
+    apply {
+        // slot < P  <=>  P - slot > 0 (saturating: no wrap for slot > P)
+        ig_md.slot_room = ig_md.pool_size |-| (pool_size_t) hdr.switchml.slot;
+        // number of workers still missing once the first packet has arrived
+        ig_md.count_start = ig_md.num_workers - 1;
+
+        if (ig_prsr_md.parser_err != 0) {
+            // the datagram ended inside the values: shorter than its size code
+            malformed();
+        } else {
+            check_packet.apply();
+        }
+    }
+}
+
+// The last check: slot index >= P. Ingress applies it when CheckPacket let
+// the packet through and slot_room == 0. It is a control of its own so that
+// the test (a gateway on values CheckPacket computed) sits in the same stage
+// as the bitmap update it guards, instead of costing a stage before it.
+control RejectSlot(inout ingress_metadata_t ig_md) {
+
+    action slot_out_of_range() {
+        ig_md.drop = 1;
+        ig_md.action_code = ACTION_DROP_SLOT_RANGE;
+    }
+
+    apply {
+        slot_out_of_range();
+    }
+}
+
+// The registers hold all jobs' pools side by side: a job's slot s is entry
+// pool_base + s of the per-slot registers (the bitmap pair) and entry
+// (pool_base + s) ++ set of the per-(slot, set) registers (count, exponents,
+// values). The control plane gives jobs disjoint ranges, so two jobs with
+// the same job_number and slot numbers never touch each other's state.
+control PoolAddress(
+    in header_t hdr,
+    inout ingress_metadata_t ig_md) {
+
+    // The hash unit concatenates fields for free (identity hash).
+    Hash<pool_index_t>(HashAlgorithm_t.IDENTITY) pool_index_hash;
+
+    apply {
+        ig_md.slot_index = ig_md.pool_base + (slot_index_t) hdr.switchml.slot;
+        ig_md.pool_index = pool_index_hash.get({ig_md.slot_index, hdr.switchml.set});
+    }
+}
+
+#endif /* _CHECKS_P4_ */

@@ -1,0 +1,191 @@
+"""The command line as a user meets it: real subprocesses, one-line errors, exit codes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from cli.main import emu, switchml
+from cli.terminal import parse_size
+from swemu.launch import child_env
+
+EMU = [sys.executable, "-c", "from cli.main import emu_main; emu_main()"]
+SWITCHML = [sys.executable, "-c", "from cli.main import switchml_main; switchml_main()"]
+
+
+def run(cmd, timeout=180, **kw):
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env=child_env(), **kw
+    )
+
+
+def one_line_error(proc):
+    err = proc.stderr.strip()
+    assert "Traceback" not in err, err
+    assert err.count("\n") == 0 and err.startswith("error:"), err
+    return err
+
+
+def test_help_is_instant_and_lists_commands():
+    from cli.main import _register
+
+    _register()
+    r = CliRunner().invoke(emu, ["--help"], catch_exceptions=False)
+    assert r.exit_code == 0 and "serve" in r.output
+    r = CliRunner().invoke(switchml, ["run", "--help"], catch_exceptions=False)
+    assert r.exit_code == 0 and "--workers" in r.output and "--packet-size" in r.output
+
+
+def test_parse_size():
+    assert parse_size("16Mi") == 16 << 20
+    assert parse_size("64MiB") == 64 << 20
+    assert parse_size("1000") == 1000
+    assert parse_size("4k") == 4000
+    for bad in ("", "Mi", "1.5", "-3", "12XB"):
+        with pytest.raises(Exception, match=r"size|whole"):
+            parse_size(bad)
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["serve", "--port", "70000"], "--port"),
+        (["serve", "--pool-size", "0"], "--pool-size"),
+        (["serve", "--max-pool-memory", "lots"], "size"),
+        (["serve", "--bogus"], "--bogus"),
+    ],
+)
+def test_bad_serve_options_are_one_line(args, words):
+    p = run(EMU + args, timeout=60)
+    assert p.returncode == 2
+    assert words in one_line_error(p)
+
+
+def test_port_in_use_is_one_line():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+    try:
+        p = run(
+            [
+                *EMU,
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(s.getsockname()[1]),
+                "--control-port",
+                "0",
+            ],
+            timeout=60,
+        )
+    finally:
+        s.close()
+    assert p.returncode == 1
+    assert "cannot listen for UDP" in one_line_error(p)
+
+
+def test_serve_stops_cleanly_on_sigterm(tmp_path):
+    ready = tmp_path / "ready.json"
+    proc = subprocess.Popen(
+        [
+            *EMU,
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--control-port",
+            "0",
+            "--ready-file",
+            str(ready),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        info = json.loads(ready.read_text())
+        assert info["data"][1] > 0 and info["control"][1] > 0
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0
+    assert "shutdown:" in err and "Traceback" not in err
+
+
+def test_run_bad_options_are_one_line():
+    p = run([*SWITCHML, "run", "--workers", "0"], timeout=60)
+    assert p.returncode == 2 and "--workers" in one_line_error(p)
+    p = run([*SWITCHML, "run", "--workers", "2", "--switch", "host:notaport"], timeout=60)
+    assert p.returncode == 1 and "port" in one_line_error(p)
+    p = run([*SWITCHML, "run", "--workers", "2", "--size", "6"], timeout=60)
+    assert p.returncode == 1 and "4-byte" in one_line_error(p)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_run_with_embedded_emulator_verifies_results(tmp_path, dtype):
+    out = tmp_path / "run.json"
+    p = run(
+        [
+            *SWITCHML,
+            "run",
+            "--workers",
+            "3",
+            "--size",
+            "2Mi",
+            "--iters",
+            "2",
+            "--dtype",
+            dtype,
+            "--json",
+            str(out),
+        ]
+    )
+    assert p.returncode == 0, p.stderr
+    assert "verified 2 results" in p.stderr and "goodput" in p.stdout
+    data = json.loads(out.read_text())
+    assert len(data["iters"]) == 2 and all(i["ok"] for i in data["iters"])
+
+
+def test_run_command_mode_sets_the_environment(tmp_path):
+    script = tmp_path / "user.py"
+    script.write_text(
+        "import numpy as np, hostlib, os\n"
+        "ctx = hostlib.from_env()\n"
+        "y = ctx.allreduce(np.full(100, ctx.rank + 1, np.int32))\n"
+        "assert (y == 3).all(), y\n"
+        "print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], 'ok', flush=True)\n"
+        "ctx.close()\n"
+    )
+    p = run([*SWITCHML, "run", "--workers", "2", "--", sys.executable, str(script)])
+    assert p.returncode == 0, p.stderr
+    assert "rank 0 of 2 ok" in p.stdout and "rank 1 of 2 ok" in p.stdout
+
+
+def test_run_command_mode_reports_failing_workers(tmp_path):
+    p = run(
+        [
+            *SWITCHML,
+            "run",
+            "--workers",
+            "2",
+            "--",
+            sys.executable,
+            "-c",
+            "import os, sys; sys.exit(3 if os.environ['RANK'] == '1' else 0)",
+        ]
+    )
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert last == "error: 1 of 2 workers failed: rank 1 (exit 3)"

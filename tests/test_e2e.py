@@ -1,0 +1,161 @@
+"""End to end: a real emulator process and real worker processes on the loopback."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import workers
+from workers import LENGTHS, rank_input
+
+import hostlib
+from hostlib.pytest_plugin import WorkerFailed, run_workers
+from hostlib.quant import error_bound
+from swemu.launch import EmulatorProcess
+
+
+@pytest.fixture(scope="module")
+def emulator():
+    with EmulatorProcess("--pool-size", "1024") as emu:
+        yield emu
+
+
+def expected(w: int, n: int, call: int, dtype=np.int32) -> np.ndarray:
+    return np.sum(
+        [
+            rank_input(r, n, call, dtype).astype(np.int64 if dtype == np.int32 else np.float64)
+            for r in range(w)
+        ],
+        axis=0,
+    )
+
+
+@pytest.mark.parametrize("w", [1, 2, 4])
+def test_int32_exact_for_all_lengths_and_consecutive_calls(emulator, w):
+    results = run_workers(emulator.switch, emulator.control, w, workers.int_lengths)
+    for call, n in enumerate(LENGTHS):
+        want = expected(w, n, call)
+        for r in range(w):
+            np.testing.assert_array_equal(results[r][call], want, err_msg=f"rank {r} n={n}")
+    np.testing.assert_array_equal(results[0][-1], expected(w, 777, 99))
+    for r in range(1, w):  # identical on every rank
+        for a, b in zip(results[0], results[r]):
+            assert a.tobytes() == b.tobytes()
+
+
+def test_float32_within_bound_and_identical_on_every_rank(emulator):
+    w, n, nv = 4, 300_000, 256
+    results = run_workers(
+        emulator.switch, emulator.control, w, workers.float_random, n, packet_size=3
+    )
+    inputs = [rank_input(r, n, 0, np.float32) for r in range(w)]
+    exact = np.sum([x.astype(np.float64) for x in inputs], axis=0)
+    m = np.max([np.abs(x) for x in inputs], axis=0)
+    bound = np.repeat(error_bound(np.maximum.reduceat(m, np.arange(0, n, nv)), w), nv)[:n]
+    for y in results:
+        assert y.dtype == np.float32
+        assert np.all(np.abs(y - exact) <= bound)
+        assert y.tobytes() == results[0].tobytes()
+    np.testing.assert_array_equal(results[0][:600], 0)
+
+
+def test_packet_sizes_and_windows(emulator):
+    cases = [(0, 1), (1, 7), (3, 64), (6, 16), (7, 3)]
+    results = run_workers(emulator.switch, emulator.control, 3, workers.configs, cases)
+    i = 0
+    for code, _ in cases:
+        for call in range(2):
+            want = expected(3, 5000 + 37 * code, call)
+            for r in range(3):
+                np.testing.assert_array_equal(results[r][i], want, err_msg=f"code {code}")
+            i += 1
+
+
+def test_dead_peer_makes_the_others_fail_in_time_and_emulator_recovers(emulator):
+    import multiprocessing
+
+    from hostlib.pytest_plugin import _rank_main
+
+    mp = multiprocessing.get_context("spawn")
+    q = mp.Queue()
+    procs = [
+        mp.Process(
+            target=_rank_main,
+            args=(
+                r,
+                3,
+                emulator.switch,
+                emulator.control,
+                workers.die_or_wait,
+                (1,),
+                {"no_progress": 2.0},
+                q,
+            ),
+        )
+        for r in range(3)
+    ]
+    for p in procs:
+        p.start()
+    got = dict(q.get(timeout=60)[::2] for _ in range(2))  # the two survivors report
+    for p in procs:
+        p.join(10)
+    assert procs[1].exitcode == 17 and set(got) == {0, 2}
+    for r in (0, 2):
+        took, msg = got[r].split("|", 1)
+        assert 2.0 <= float(took) < 6.0, got[r]
+        assert "no result for chunk" in msg and "slot" in msg and emulator.switch in msg
+    # a new job on the same emulator works
+    out = run_workers(emulator.switch, emulator.control, 2, workers.float_random, 1000)
+    assert out[0].tobytes() == out[1].tobytes()
+
+
+def test_victim_exit_is_reported_when_a_rank_dies():
+    # run_workers itself reports a rank that died without a result
+    with EmulatorProcess() as emu, pytest.raises(WorkerFailed, match="exited without"):
+        run_workers(emu.switch, emu.control, 2, workers.die_or_wait, 0, no_progress=1.0, timeout=8)
+
+
+def test_unreachable_controller_names_the_address():
+    t0 = time.monotonic()
+    with pytest.raises(hostlib.ControlPlaneError, match=r"127\.0\.0\.1:9"):
+        hostlib.connect(switch="127.0.0.1:9", control="127.0.0.1:9", connect_timeout=1.0).open()
+    assert time.monotonic() - t0 < 5
+
+
+def test_unreachable_switch_names_the_address(emulator):
+    with hostlib.connect(switch="127.0.0.1:9", control=emulator.control, no_progress=1.0) as c:
+        t0 = time.monotonic()
+        with pytest.raises(hostlib.NoProgressError, match=r"127\.0\.0\.1:9"):
+            c.allreduce(np.ones(100, np.int32))
+        assert time.monotonic() - t0 < 4
+
+
+def test_bad_dtype_and_shape(emulator):
+    with hostlib.connect(emulator.switch, emulator.control) as c:
+        with pytest.raises(TypeError, match="int32 and float32"):
+            c.allreduce(np.ones(3, np.float64))
+        with pytest.raises(TypeError, match="numpy array"):
+            c.allreduce([1, 2, 3])
+        with pytest.raises(ValueError, match="C-contiguous"):
+            c.allreduce(np.ones((4, 4), np.int32).T)
+        assert c.allreduce(np.arange(5, dtype=np.int32)).tolist() == [0, 1, 2, 3, 4]
+
+
+async def test_async_api_two_workers_in_one_loop(emulator):
+    import asyncio
+
+    async def one(rank):
+        async with hostlib.aconnect(
+            emulator.switch, emulator.control, rank=rank, world_size=2, window=8
+        ) as a:
+            return [await a.allreduce(np.full(1000, rank + 1, np.int32)) for _ in range(3)]
+
+    r0, r1 = await asyncio.gather(one(0), one(1))
+    for y in r0 + r1:
+        assert (y == 3).all()
+
+
+def test_plugin_fixture_runs_user_code(switchml_workers):
+    out = switchml_workers(2, workers.float_random, 100)
+    assert out[0].tobytes() == out[1].tobytes()

@@ -1,0 +1,153 @@
+"""Worker protocol engines against the switch engine, in memory (tests/fabric.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from fabric import Fabric, Faults
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hostlib import quant
+from hostlib.errors import NoProgressError
+from hostlib.protocol import Timing, WorkerProtocol
+from swemu import wire
+
+
+def int_inputs(rng, w, n):
+    return [rng.integers(-(2**31), 2**31, n, dtype=np.int64).astype(np.int32) for _ in range(w)]
+
+
+def exact(xs):
+    return np.sum([x.astype(np.int64) for x in xs], axis=0).astype(np.int32)  # wraps as int32
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    w=st.integers(1, 5),
+    n=st.integers(0, 300),
+    window=st.integers(1, 6),
+    calls=st.integers(1, 3),
+    loss_up=st.sampled_from([0.0, 0.05, 0.3]),
+    loss_down=st.sampled_from([0.0, 0.05, 0.3]),
+    dup=st.sampled_from([0.0, 0.1]),
+    reorder=st.sampled_from([0.0, 0.001, 0.01]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_exactly_once_under_loss_duplication_and_reordering(
+    w, n, window, calls, loss_up, loss_down, dup, reorder, seed
+):
+    """Every allreduce equals the exact (wrapping) int32 sum, every time."""
+    fab = Fabric(
+        w,
+        size_code=0,
+        window=window,
+        seed=seed,
+        faults=Faults(loss_up=loss_up, loss_down=loss_down, dup=dup, reorder=reorder),
+    )
+    rng = np.random.default_rng(seed)
+    for _ in range(calls):  # consecutive calls: the set parity continues
+        xs = int_inputs(rng, w, n)
+        for y in fab.allreduce(xs):
+            np.testing.assert_array_equal(y, exact(xs))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    w=st.integers(1, 4),
+    n=st.integers(1, 200),
+    seed=st.integers(0, 2**32 - 1),
+    loss=st.sampled_from([0.0, 0.1]),
+)
+def test_float32_equals_block_floating_point_model(w, n, seed, loss):
+    """float32 results equal the numpy model of §4 bit for bit, under loss too."""
+    rng = np.random.default_rng(seed)
+    scales = 2.0 ** rng.integers(-30, 30, size=(w, 1))
+    xs = [(rng.standard_normal(n) * s).astype(np.float32) for s in scales[:, 0]]
+    if n > 40:
+        for x in xs:
+            x[:32] = 0  # an all-zero chunk
+    fab = Fabric(w, size_code=0, window=3, seed=seed, faults=Faults(loss_up=loss, loss_down=loss))
+    ys = fab.allreduce(xs)
+    model = quant.simulate_allreduce(xs, 32)
+    for y in ys:
+        np.testing.assert_array_equal(y, model)
+    # and the model is within the documented bound of the exact sum
+    ex = np.sum([x.astype(np.float64) for x in xs], axis=0)
+    for c in range(0, n, 32):
+        m = max(np.abs(x[c : c + 32]).max() for x in xs)
+        assert np.all(np.abs(model[c : c + 32] - ex[c : c + 32]) <= quant.error_bound(m, w))
+
+
+def test_set_parity_continues_across_calls():
+    """A call's first packet on a slot uses the set opposite to the last one used."""
+    proto = WorkerProtocol(num_workers=1, size_code=0, window=2)
+    sets = []
+    for n in (96, 32, 64):  # 3 chunks (slots 0,1,0), then 1 chunk, then 2
+        op = proto.allreduce(np.zeros(n, np.int32), None, 0.0)
+        pkts = [bytes(p) for p in op.packets(op.initial(0.0))]
+        while pkts:
+            p = wire.decode(pkts.pop(0))
+            sets.append((p.slot, p.set))
+            data = wire.encode(
+                size_code=0,
+                job_number=p.job_number,
+                tsi=p.tsi,
+                set=p.set,
+                slot=p.slot,
+                values=p.values,
+            )
+            buf = np.frombuffer(data, np.uint8)[None, :].copy()
+            n_send = op.receive(buf, np.array([len(data)], np.int32), np.ones(1, np.uint8), 1, 0.0)
+            pkts += [bytes(q) for q in op.packets(n_send)]
+        assert op.done
+    assert sets == [(0, 0), (1, 0), (0, 1), (0, 0), (0, 1), (1, 1)]
+
+
+def test_results_with_wrong_set_tsi_job_or_source_are_ignored():
+    proto = WorkerProtocol(num_workers=1, size_code=0, window=1)
+    op = proto.allreduce(np.arange(32, dtype=np.int32), None, 0.0)
+    op.initial(0.0)
+    good = dict(size_code=0, job_number=0, tsi=0, set=0, slot=0, values=np.full(32, 9, np.int32))
+    bad = [dict(good, set=1), dict(good, tsi=1), dict(good, job_number=1), dict(good, slot=0)]
+    oks = [1, 1, 1, 0]  # the last one has the right header but not the switch's address
+    for b, ok in zip(bad, oks):
+        data = wire.encode(**b)
+        buf = np.frombuffer(data, np.uint8)[None, :].copy()
+        op.receive(buf, np.array([len(data)], np.int32), np.array([ok], np.uint8), 1, 0.0)
+        assert not op.done
+    assert op.counters[1] == 4  # ignored
+
+
+def test_dead_peer_raises_no_progress_naming_the_chunk():
+    proto = WorkerProtocol(
+        num_workers=2, size_code=0, window=2, timing=Timing(timeout=0.01, no_progress=1.0)
+    )
+    op = proto.allreduce(np.zeros(100, np.int32), None, 0.0)
+    op.initial(0.0)
+    now = 0.0
+    with pytest.raises(NoProgressError, match=r"chunk 0 on slot 0") as info:
+        while True:
+            now = op.get_timer()
+            op.check(now)
+            op.handle_timer(now)
+    assert info.value.chunk == 0 and now >= 1.0
+    # backoff: timeouts doubled after every 3 consecutive timeouts, capped
+    assert op.rto[0] <= proto.timing.max_timeout and op.rto[0] > proto.timing.timeout
+
+
+def test_input_validation():
+    proto = WorkerProtocol(num_workers=2)
+    with pytest.raises(TypeError, match="int32 and float32"):
+        proto.allreduce(np.zeros(4, np.float64), None, 0.0)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        proto.allreduce(np.zeros((4, 4), np.int32)[:, 1], None, 0.0)
+    with pytest.raises(ValueError, match="same dtype and shape"):
+        proto.allreduce(np.zeros(4, np.int32), np.zeros(5, np.int32), 0.0)
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        proto.allreduce(np.array([1, np.nan], np.float32), None, 0.0)
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        proto.allreduce(np.array([np.inf], np.float32), None, 0.0)
+    with pytest.raises(ValueError, match="2\\^127"):
+        proto.allreduce(np.array([3e38], np.float32), None, 0.0)
+    assert proto.calls == 0  # nothing was sent, the job number did not move

@@ -1,0 +1,78 @@
+"""Worker functions run as separate processes by the end-to-end tests.
+
+Module-level, so that multiprocessing's spawn can import them by name.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+import hostlib
+
+LENGTHS = [0, 1, 63, 64, 65, 1000, 10**6]
+
+
+def rank_input(rank: int, n: int, call: int, dtype=np.int32) -> np.ndarray:
+    rng = np.random.default_rng(1000 * call + rank)
+    if np.dtype(dtype) == np.int32:
+        return rng.integers(-(2**20), 2**20, n, dtype=np.int64).astype(np.int32)
+    mags = 2.0 ** rng.integers(-20, 20, size=n // 300 + 1).repeat(300)[:n]
+    x = (rng.standard_normal(n) * mags).astype(np.float32)
+    x[: min(n, 600)] = 0  # all-zero chunks at the start
+    return x
+
+
+def int_lengths(ctx: hostlib.Context) -> list[np.ndarray]:
+    """Consecutive int32 allreduces of many lengths (set parity across calls), and one
+    in place."""
+    outs = []
+    for call, n in enumerate(LENGTHS):
+        x = rank_input(ctx.rank, n, call)
+        outs.append(ctx.allreduce(x.reshape(-1, 1) if n % 5 == 0 else x).reshape(-1))
+    x = rank_input(ctx.rank, 777, 99)
+    assert ctx.allreduce(x, out=x) is x
+    outs.append(x)
+    return outs
+
+
+def float_random(ctx: hostlib.Context, n: int) -> np.ndarray:
+    return ctx.allreduce(rank_input(ctx.rank, n, 0, np.float32))
+
+
+def configs(ctx: hostlib.Context, cases: list[tuple[int, int]]) -> list[np.ndarray]:
+    """One job per (packet size code, window), joined one after the other."""
+    o = ctx.options
+    outs = []
+    for code, window in cases:
+        with hostlib.connect(
+            o.switch,
+            o.control,
+            rank=o.rank,
+            world_size=o.world_size,
+            packet_size=code,
+            window=window,
+        ) as c:
+            for call in range(2):
+                outs.append(c.allreduce(rank_input(o.rank, 5000 + 37 * code, call)))
+    return outs
+
+
+def die_or_wait(ctx: hostlib.Context, victim: int) -> str:
+    """The victim rank dies in the middle of a large allreduce; the others must fail."""
+    x = np.ones(4 << 20, np.int32)
+    ctx.allreduce(np.ones(10, np.int32))  # everyone is in
+    if ctx.rank == victim:
+        import threading
+
+        threading.Timer(0.05, lambda: os._exit(17)).start()
+        ctx.allreduce(x)
+        time.sleep(60)
+    t0 = time.monotonic()
+    try:
+        ctx.allreduce(x)
+    except hostlib.NoProgressError as exc:
+        return f"{time.monotonic() - t0:.2f}|{exc}"
+    return "no error"
