@@ -7,34 +7,63 @@ status instead of a traceback.
 
 from __future__ import annotations
 
+import importlib
 import sys
+from pathlib import Path
 
 import click
 
 from .terminal import CLIError, terminal
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    """A group whose commands live in ``cli.<name>`` modules, imported on use,
+    so that ``--help`` and every command start without importing the others."""
+
+    def __init__(self, *args, lazy: tuple[str, ...] = (), **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = lazy
+
+    def _available(self) -> list[str]:
+        here = Path(__file__).parent
+        return [name for name in self.lazy if (here / f"{name}.py").exists()]
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(self._available()))
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.commands:
+            return self.commands[name]
+        if name not in self._available():
+            return None
+        module = importlib.import_module(f"cli.{name}")
+        return getattr(module, name)
+
+
+#: ``switchml-emu`` commands (the switch) and ``switchml`` commands (the workers)
+EMU_COMMANDS = ("serve", "stats", "top", "decode", "capture")
+SWITCHML_COMMANDS = ("run", "bench", "simulate", "cluster")
+
+
+@click.group(
+    cls=LazyGroup, lazy=EMU_COMMANDS, context_settings={"help_option_names": ["-h", "--help"]}
+)
 @click.version_option(package_name="switchml-emu")
 def emu() -> None:
     """switchml-emu: a software SwitchML switch."""
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=LazyGroup,
+    lazy=SWITCHML_COMMANDS,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 @click.version_option(package_name="switchml-emu")
 def switchml() -> None:
     """switchml: run SwitchML workers against an emulator or a Tofino."""
 
 
-def _register() -> None:
-    from . import run, serve
-
-    emu.add_command(serve.serve)
-    switchml.add_command(run.run)
-
-
 def _main(group: click.Group) -> None:
-    _register()
     try:
         rc = group.main(standalone_mode=False)
     except click.exceptions.Abort:

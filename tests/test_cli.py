@@ -34,9 +34,6 @@ def one_line_error(proc):
 
 
 def test_help_is_instant_and_lists_commands():
-    from cli.main import _register
-
-    _register()
     r = CliRunner().invoke(emu, ["--help"], catch_exceptions=False)
     assert r.exit_code == 0 and "serve" in r.output
     r = CliRunner().invoke(switchml, ["run", "--help"], catch_exceptions=False)
