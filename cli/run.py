@@ -107,6 +107,10 @@ def run(
         control = control or f"{host}:50099"
     if packet_size is None:
         packet_size = 3 if switch else 6
+    if window is None:
+        from hostlib.client import default_window
+
+        window = default_window(packet_size)
     if size % 4:
         raise CLIError(f"--size {size} is not a whole number of 4-byte elements")
 

@@ -136,7 +136,8 @@ def connect(
     ``switch``/``control`` are ``HOST:PORT`` (defaults: the controller at
     127.0.0.1:50099, the data plane wherever the controller says). ``packet_size``
     is a size code (default 3 = 256 values, Tofino-compatible; 6 is fastest on
-    the emulator), ``window`` the slots in flight (default 128). ``timeout``,
+    the emulator), ``window`` the slots in flight (default 128, fewer for large
+    packets: at most 512 KiB in flight). ``timeout``,
     ``backoff_after``, ``max_timeout``, ``no_progress`` and ``reorder_guard``
     set retransmission, failure detection and protection against reordering
     networks (see :class:`Timing`).

@@ -10,12 +10,13 @@ and the no-progress check.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from swemu import wire
+from swemu import fastio, wire
 from swemu.netutil import parse_address, resolve_ipv4, set_socket_buffers
 
 from .control import ControlClient, Membership
@@ -23,6 +24,12 @@ from .errors import SwitchMLError
 from .protocol import Allreduce, Timing, WorkerProtocol
 
 BATCH = 64
+
+
+def default_window(packet_size: int) -> int:
+    """128 slots, or fewer for large packets: at most 512 KiB in flight per worker,
+    so that the switch's receive buffer holds a window from every worker."""
+    return max(8, min(128, (512 << 10) // wire.packet_len(packet_size)))
 
 
 @dataclass(frozen=True)
@@ -34,7 +41,7 @@ class Options:
     rank: int = 0
     world_size: int = 1
     packet_size: int = 3
-    window: int = 128
+    window: int | None = None  # default: default_window(packet_size)
     session_id: int | None = None
     timing: Timing = field(default_factory=Timing)
     connect_timeout: float = 10.0
@@ -48,6 +55,8 @@ class Options:
             raise ValueError(f"world_size must be in 1..{wire.MAX_WORKERS}")
         if not 0 <= self.packet_size <= 7:
             raise ValueError(f"packet_size must be a size code 0..7, got {self.packet_size}")
+        if self.window is None:
+            object.__setattr__(self, "window", default_window(self.packet_size))
         if not 1 <= self.window <= wire.MAX_SLOTS:
             raise ValueError(f"window must be in 1..{wire.MAX_SLOTS}")
 
@@ -55,8 +64,11 @@ class Options:
 class AsyncContext:
     """A worker's membership of a job, for asyncio code (see :func:`hostlib.aconnect`)."""
 
-    def __init__(self, options: Options) -> None:
+    def __init__(self, options: Options, *, fast: bool | None = None) -> None:
         self.options = options
+        if fast is None:  # SWEMU_PORTABLE=1 forces the portable socket path
+            fast = os.environ.get("SWEMU_PORTABLE", "") in ("", "0")
+        self.fast = fast and fastio.AVAILABLE
         self.membership: Membership | None = None
         self.protocol: WorkerProtocol | None = None
         self._sock: socket.socket | None = None
@@ -132,7 +144,25 @@ class AsyncContext:
         self.protocol = WorkerProtocol(
             num_workers=o.world_size, size_code=o.packet_size, window=o.window, timing=o.timing
         )
+        if self.fast:
+            self._setup_fast(ports)
         self._loop.add_reader(sock.fileno(), self._on_readable)
+
+    def _setup_fast(self, ports: list[int]) -> None:
+        """Arrays of the compiled I/O path: per-slot destinations, message vectors."""
+        k = self.options.window
+        self._rx = fastio.MsgVec(BATCH)
+        self._rx.point_at_rows(self._batch)
+        self._tx = fastio.MsgVec(min(k, 1024))
+        self._switch_ip_int = wire.ipv4_to_int(self._switch_ip)
+        self._port_list = np.array(sorted(ports), np.int32)
+        self._slot_ip = np.full(k, self._switch_ip_int, np.uint32)
+        self._slot_port = np.array([ports[s % len(ports)] for s in range(k)], np.int32)
+        self._src_ip = np.zeros(BATCH, np.uint32)
+        self._src_port = np.zeros(BATCH, np.int32)
+        rows = self.protocol.rows
+        self._slot_ptr = rows.ctypes.data + rows.strides[0] * np.arange(k, dtype=np.int64)
+        self._slot_len = np.full(k, rows.shape[1], np.int64)
 
     def close(self) -> None:
         """Leave: stop reading and close the socket (a running call fails)."""
@@ -191,6 +221,21 @@ class AsyncContext:
     def _send(self, op: Allreduce, n: int) -> None:
         if n == 0:
             return
+        if self.fast:
+            slots = op.send[:n]
+            fastio.send_batch(
+                self._sock.fileno(),
+                self._tx.hdr,
+                self._tx.hdr_ptr,
+                self._tx.iov,
+                self._tx.names,
+                n,
+                self._slot_ptr[slots],
+                self._slot_len[slots],
+                self._slot_ip[slots],
+                self._slot_port[slots],
+            )
+            return  # what the kernel did not take is resent by the retransmission timer
         sendto = self._sock.sendto
         dests = self._dests
         rows = op.proto.rows
@@ -206,6 +251,9 @@ class AsyncContext:
     def _on_readable(self) -> None:
         sock = self._sock
         if sock is None:
+            return
+        if self.fast:
+            self._on_readable_fast(sock.fileno())
             return
         rows, lens, ok = self._rows, self._lens, self._ok
         ip, ports = self._switch_ip, self._switch_ports
@@ -223,6 +271,27 @@ class AsyncContext:
                 n += 1
             if n == 0:
                 return
+            op = self._op
+            if op is None:
+                self.stale += n
+            else:
+                self._send(op, op.receive(self._batch, lens, ok, n, self._loop.time()))
+                if op.done:
+                    self._finish()
+            if n < BATCH:
+                return
+
+    def _on_readable_fast(self, fd: int) -> None:
+        rx, lens, ok = self._rx, self._lens, self._ok
+        while True:
+            n = fastio.recv_batch(
+                fd, rx.hdr, rx.hdr_ptr, BATCH, lens, self._src_ip, self._src_port, rx.names
+            )
+            if n == 0:
+                return
+            ok[:n] = (self._src_ip[:n] == self._switch_ip_int) & np.isin(
+                self._src_port[:n], self._port_list
+            )
             op = self._op
             if op is None:
                 self.stale += n

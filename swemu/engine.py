@@ -398,16 +398,11 @@ class SwitchEngine:
         return self._by_index.get(index)
 
     # --------------------------------------------------------------------- data
-    def process(self, batch: Batch, now: float = 0.0) -> int:
-        """Run rows ``0..batch.n-1`` through the switch; return the number of
-        destinations written to ``batch.dest_*`` (also kept in ``batch.n_dest``)."""
-        batch.n_dest = K._process_batch(
-            batch.buf,
-            batch.lens,
-            batch.ip,
-            batch.port,
-            batch.n,
-            now,
+    def kernel_state(self) -> tuple:
+        """The switch-state arguments of the data-plane kernels, in their order.
+
+        Rebuilt per call because registrations replace the address table."""
+        return (
             self.addr_keys,
             self.addr_vals,
             self.job_workers,
@@ -423,6 +418,19 @@ class SwitchEngine:
             self.job_counters,
             self.worker_counters,
             self.global_counters,
+        )
+
+    def process(self, batch: Batch, now: float = 0.0) -> int:
+        """Run rows ``0..batch.n-1`` through the switch; return the number of
+        destinations written to ``batch.dest_*`` (also kept in ``batch.n_dest``)."""
+        batch.n_dest = K._process_batch(
+            batch.buf,
+            batch.lens,
+            batch.ip,
+            batch.port,
+            batch.n,
+            now,
+            *self.kernel_state(),
             batch.action,
             batch.out_buf,
             batch.out_len,

@@ -16,8 +16,10 @@ from swemu.proto import switchml_pb2 as pb
 from swemu.proto import switchml_pb2_grpc as pb_grpc
 
 
-@pytest.fixture
-async def emu():
+@pytest.fixture(params=["compiled-io", "portable-io"])
+async def emu(request, monkeypatch):
+    """An in-process emulator, once with the recvmmsg/sendmmsg path, once portable."""
+    monkeypatch.setenv("SWEMU_PORTABLE", "1" if request.param == "portable-io" else "0")
     async with swemu.serve(config=EngineConfig(pool_size=64, max_pool_memory=1 << 20)) as e:
         e.channel = grpc.aio.insecure_channel("%s:%d" % e.control_address)
         e.session = pb_grpc.SessionStub(e.channel)

@@ -1,0 +1,201 @@
+"""PyTorch integration: DistributedDataParallel gradients averaged through SwitchML.
+
+DDP keeps its process group (gloo is enough) for the rendezvous and the initial
+broadcast of the parameters; a communication hook sends every gradient bucket
+through the switch instead of through the process group::
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import hostlib
+    from hostlib.torch import register_switchml_hook
+
+    dist.init_process_group("gloo")               # RANK, WORLD_SIZE, MASTER_*
+    model = DDP(net)
+    state = register_switchml_hook(model, hostlib.from_env())
+    ...                                            # train as usual
+    print(state.stats())                           # calls, bytes, seconds in the hook
+
+The hook is synchronous: it returns an already completed future once the
+bucket holds the average. DDP launches buckets strictly in index order on every
+rank, which is what SwitchML needs (each allreduce call of a job must be the
+same call on every worker). float32 CPU buckets are reduced in place, with no
+copy; other floating types (fp16, bf16) and tensors on other devices travel as
+float32 through a staging copy.
+
+Non-finite gradients: the switch sums integers, so NaN/Inf cannot travel. By
+default ``Context.allreduce`` raises ``ValueError`` on the rank that has them,
+before anything is sent, and the other ranks then fail with ``NoProgressError``
+after ``no_progress`` seconds. With ``propagate_nonfinite=True`` (for fp16
+training with a dynamic loss scale, where an overflow must skip the step on
+every rank) each bucket carries one extra chunk holding "this rank saw a
+non-finite value"; when any rank did, every rank's result is all NaN, which
+``torch.amp.GradScaler`` detects as usual. It costs one packet and one copy of
+the bucket per call.
+
+This module is the only one in :mod:`hostlib` that imports torch.
+"""
+
+# No ``from __future__ import annotations`` here: DDP inspects the hook's
+# annotations at registration and accepts only the real objects, not strings.
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from swemu import wire
+
+if TYPE_CHECKING:
+    from torch.nn.parallel import DistributedDataParallel
+
+    from . import Context
+
+__all__ = [
+    "SwitchMLHookState",
+    "allreduce_tensor_",
+    "register_switchml_hook",
+    "switchml_hook",
+]
+
+#: floating types the hook accepts; all but float32 are converted for the wire
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+class SwitchMLHookState:
+    """The state DDP passes to :func:`switchml_hook`: the SwitchML context and
+    counters of what went through it (calls, bytes of gradient, seconds spent
+    inside the hook), so that a training loop can report its communication share."""
+
+    def __init__(self, ctx: "Context", *, propagate_nonfinite: bool = False) -> None:
+        self.ctx = ctx
+        self.propagate_nonfinite = propagate_nonfinite
+        self.calls = 0
+        self.bytes = 0  # bucket bytes as DDP holds them (fp16 counts 2 per value)
+        self.seconds = 0.0
+
+    @property
+    def world_size(self) -> int:
+        return self.ctx.world_size
+
+    def reset_stats(self) -> None:
+        """Zero the counters (e.g. after warm-up steps)."""
+        self.calls = 0
+        self.bytes = 0
+        self.seconds = 0.0
+
+    def stats(self) -> dict[str, Any]:
+        """The counters as a dict: ``calls``, ``bytes``, ``seconds``."""
+        return {"calls": self.calls, "bytes": self.bytes, "seconds": self.seconds}
+
+
+def allreduce_tensor_(
+    ctx: "Context",
+    tensor: torch.Tensor,
+    *,
+    average: bool = True,
+    propagate_nonfinite: bool = False,
+) -> torch.Tensor:
+    """Sum (or, with ``average``, average) a floating tensor over all workers, in place.
+
+    Every worker must call it with a tensor of the same shape and dtype, in the
+    same order of calls. A contiguous float32 CPU tensor goes to the switch as
+    it is (a numpy view); anything else is staged through a float32 copy. See
+    the module docstring for ``propagate_nonfinite``. Returns ``tensor``.
+    """
+    if tensor.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"SwitchML reduces floating tensors, got {tensor.dtype}")
+    w = ctx.world_size
+    direct = (
+        not propagate_nonfinite
+        and tensor.dtype == torch.float32
+        and tensor.device.type == "cpu"
+        and tensor.is_contiguous()
+    )
+    if direct:
+        arr = tensor.detach().numpy()
+        ctx.allreduce(arr, out=arr)
+        if average and w > 1:
+            arr /= w
+        return tensor
+    # a private, contiguous float32 copy: the wire format of every other case
+    stage = tensor.detach().reshape(-1).to("cpu", torch.float32, copy=True).numpy()
+    if propagate_nonfinite:
+        total = _reduce_with_flag(ctx, stage)
+    else:
+        total = ctx.allreduce(stage, out=stage)
+    result = torch.from_numpy(total)
+    if average and w > 1:
+        result /= w
+    with torch.no_grad():
+        tensor.copy_(result.reshape(tensor.shape))
+    return tensor
+
+
+def _reduce_with_flag(ctx: "Context", values: np.ndarray) -> np.ndarray:
+    """Sum ``values`` (flat float32) plus a one-chunk "non-finite" flag.
+
+    The flag gets a chunk of its own so that its magnitude (1.0) never sets the
+    block exponent of gradient values. The values of a rank with NaN/Inf are
+    sent as zeros; if any rank raised the flag, every rank returns all NaN.
+    """
+    n = values.size
+    nvals = wire.values_per_packet(ctx.options.packet_size)
+    padded = -(-n // nvals) * nvals
+    stage = np.zeros(padded + nvals, np.float32)
+    bad = not bool(np.isfinite(values).all())
+    if bad:
+        stage[padded] = 1.0
+    else:
+        stage[:n] = values
+    ctx.allreduce(stage, out=stage)
+    if stage[padded] > 0.5:
+        return np.full(n, np.nan, np.float32)
+    return stage[:n].copy()
+
+
+def switchml_hook(
+    state: SwitchMLHookState, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: average ``bucket.buffer()`` over all workers through
+    SwitchML (in place) and return a completed future holding it.
+
+    Register with ``ddp_model.register_comm_hook(SwitchMLHookState(ctx), switchml_hook)``
+    or :func:`register_switchml_hook`. Errors of the allreduce (a dead peer, an
+    unreachable switch) propagate out of ``loss.backward()``.
+    """
+    start = time.perf_counter()
+    buf = bucket.buffer()
+    allreduce_tensor_(state.ctx, buf, average=True, propagate_nonfinite=state.propagate_nonfinite)
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(buf)
+    state.calls += 1
+    state.bytes += buf.numel() * buf.element_size()
+    state.seconds += time.perf_counter() - start
+    return fut
+
+
+def register_switchml_hook(
+    ddp_model: "DistributedDataParallel",
+    ctx: "Context",
+    *,
+    propagate_nonfinite: bool = False,
+) -> SwitchMLHookState:
+    """Make ``ddp_model`` average its gradients through SwitchML; return the hook state.
+
+    ``ctx`` must be a job of as many workers as the model's process group, one
+    rank each; the ranks need not match, since SwitchML sums are the same on
+    every worker. The context is joined here so that a misconfigured switch
+    fails now rather than in the first backward pass.
+    """
+    group = getattr(ddp_model, "process_group", None)
+    if group is not None and group.size() != ctx.world_size:
+        raise ValueError(
+            f"the DDP process group has {group.size()} ranks but the SwitchML job has "
+            f"{ctx.world_size} workers"
+        )
+    ctx.open()
+    state = SwitchMLHookState(ctx, propagate_nonfinite=propagate_nonfinite)
+    ddp_model.register_comm_hook(state, switchml_hook)
+    return state
