@@ -176,6 +176,52 @@ def _drain(
     return total
 
 
+@njit(cache=True, nogil=True)
+def _echo_drain(
+    fd,
+    max_batches,
+    rx_hdr,
+    rx_ptr,
+    rx_names,
+    tx_hdr,
+    tx_ptr,
+    tx_iov,
+    tx_names,
+    buf,
+    lens,
+    ip,
+    port,
+    row_ptr,
+    row_len,
+    base,
+    stride,
+    stats,
+):
+    """The same I/O path as :func:`_drain` with the switch replaced by an echo:
+    every datagram goes back to its sender. The baseline of ``bench`` that
+    isolates the cost of aggregation from the cost of moving packets."""
+    cap = buf.shape[0]
+    total = 0
+    for _ in range(max_batches):
+        n = fastio.recv_batch(fd, rx_hdr, rx_ptr, cap, lens, ip, port, rx_names)
+        if n == 0:
+            break
+        for r in range(n):
+            row_ptr[r] = base + stride * r
+            row_len[r] = lens[r]
+        sent = fastio.send_batch(
+            fd, tx_hdr, tx_ptr, tx_iov, tx_names, n, row_ptr, row_len, ip, port
+        )
+        stats[S_BATCHES] += 1
+        stats[S_PACKETS] += n
+        stats[S_SENT] += sent
+        stats[S_SEND_DROPS] += n - sent
+        total += n
+        if n < cap:
+            break
+    return total
+
+
 class DataPlane:
     """Feeds one UDP socket to the engine in batches, from the event loop.
 
@@ -192,11 +238,15 @@ class DataPlane:
         loop: asyncio.AbstractEventLoop,
         batch_capacity: int = 64,
         fast: bool | None = None,
+        echo: bool = False,
     ) -> None:
         self.engine = engine
         if fast is None:  # SWEMU_PORTABLE=1 forces the portable path (tests run both)
             fast = os.environ.get("SWEMU_PORTABLE", "") in ("", "0")
         self.fast = fast and fastio.AVAILABLE
+        self.echo = echo  # benchmark baseline: send every datagram back, no switch
+        if echo and not self.fast:
+            raise ValueError("echo mode needs the compiled I/O path (64-bit Linux)")
         self.sock = sock
         self.loop = loop
         # one spare byte a row: a datagram that fills it is longer than any packet
@@ -265,7 +315,28 @@ class DataPlane:
     def _on_readable_fast(self) -> None:
         b, rx, tx, st = self.batch, self._rx, self._tx, self._fast_stats
         fd = self.sock.fileno()
-        if self.tap is None:
+        if self.echo:
+            _echo_drain(
+                fd,
+                MAX_BATCHES_PER_WAKEUP,
+                rx.hdr,
+                rx.hdr_ptr,
+                rx.names,
+                tx.hdr,
+                tx.hdr_ptr,
+                tx.iov,
+                tx.names,
+                b.buf,
+                b.lens,
+                b.ip,
+                b.port,
+                self._row_ptr,
+                self._row_len,
+                b.buf.ctypes.data,
+                b.buf.strides[0],
+                st,
+            )
+        elif self.tap is None:
             _drain(
                 fd,
                 MAX_BATCHES_PER_WAKEUP,

@@ -89,9 +89,16 @@ class MsgVec:
 def recv_batch(fd, hdr, hdr_ptr, cap, lens, src_ip, src_port, names):
     """Receive up to ``cap`` datagrams without blocking into the rows the iovecs
     point at; fill lengths and source addresses. Returns the count (0 if none)."""
+    return recv_batch_flags(fd, hdr, hdr_ptr, cap, lens, src_ip, src_port, names, MSG_DONTWAIT)
+
+
+@njit(cache=True, nogil=True)
+def recv_batch_flags(fd, hdr, hdr_ptr, cap, lens, src_ip, src_port, names, flags):
+    """:func:`recv_batch` with explicit ``recvmmsg`` flags (0 blocks until a
+    datagram arrives or the socket's SO_RCVTIMEO expires)."""
     for i in range(cap):
         hdr[i, 1] = 16  # msg_namelen is in/out
-    n = c_recvmmsg(fd, hdr_ptr, cap, MSG_DONTWAIT, 0)
+    n = c_recvmmsg(fd, hdr_ptr, cap, flags, 0)
     if n <= 0:
         return 0
     for i in range(n):

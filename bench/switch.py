@@ -1,0 +1,282 @@
+"""Switch-only benchmark: packets/s of the emulator's data path, aggregation vs echo.
+
+A server process runs the emulator's data plane on one UDP socket, either as the
+switch (``agg``: the Numba engine, W workers registered directly in the engine)
+or as an echo of the same I/O path (``echo``: every datagram back to its
+sender, no switch). A client process owns W sockets and drives rounds of
+pre-built packets: each socket sends one packet per slot of a window of K
+slots, then receives K packets back (the multicast results in ``agg``, its own
+packets in ``echo``), so both modes move exactly the same packets in and out.
+The two modes run alternately in one invocation; the report is the ratio.
+
+Run: ``python -m bench.switch [--size-code 3] [--workers 4] [--window 32]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from numba import njit
+
+from swemu import fastio, wire
+
+
+def serve(mode: str, ports: list[int], size_code: int, window: int, ready: str) -> None:
+    """The server process: one data plane in ``mode``, until SIGTERM."""
+    import asyncio
+
+    from swemu.dataplane import DataPlane, bind_udp
+    from swemu.engine import EngineConfig, SwitchEngine, warmup
+
+    async def main() -> None:
+        warmup()
+        engine = SwitchEngine(EngineConfig(pool_size=max(window, 1)))
+        for rank, port in enumerate(ports):
+            engine.register(
+                session_id=1,
+                rank=rank,
+                num_workers=len(ports),
+                ipv4=0x7F000001,
+                udp_port=port,
+                packet_size=size_code,
+                pool_size=window,
+            )
+        sock = bind_udp("127.0.0.1", 0)
+        dp = DataPlane(engine, sock, asyncio.get_running_loop(), echo=mode == "echo")
+        dp.start()
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        Path(ready).write_text(str(sock.getsockname()[1]))
+        await stop.wait()
+        dp.stop()
+        sock.close()
+
+    try:
+        import uvloop
+
+        uvloop.run(main())
+    except ImportError:
+        asyncio.run(main())
+
+
+@njit(cache=True, nogil=True)
+def _rounds(
+    fds,
+    rounds,
+    window,
+    pkt_ptr,
+    plen,
+    dst_ip,
+    dst_port,
+    tx_hdr,
+    tx_ptr,
+    tx_iov,
+    tx_names,
+    rx_hdr,
+    rx_ptr,
+    rx_names,
+    lens,
+    src_ip,
+    src_port,
+):
+    """Drive ``rounds`` windows through the switch; return rounds completed
+    (fewer means a receive timed out: a packet was lost)."""
+    w = fds.shape[0]
+    ptrs = np.empty(window, np.int64)
+    plens = np.full(window, plen, np.int64)
+    ips = np.full(window, dst_ip, np.uint32)
+    ports = np.full(window, dst_port, np.int32)
+    for r in range(rounds):
+        st = r & 1
+        for k in range(w):
+            for s in range(window):
+                ptrs[s] = pkt_ptr[st, k, s]
+            sent = fastio.send_batch(
+                fds[k], tx_hdr, tx_ptr, tx_iov, tx_names, window, ptrs, plens, ips, ports
+            )
+            if sent < window:
+                return r
+        for k in range(w):
+            got = 0
+            while got < window:
+                n = fastio.recv_batch_flags(
+                    fds[k],
+                    rx_hdr,
+                    rx_ptr,
+                    min(window - got, 64),
+                    lens,
+                    src_ip,
+                    src_port,
+                    rx_names,
+                    0,
+                )
+                if n <= 0:
+                    return r  # SO_RCVTIMEO expired: lost packets
+                got += n
+    return rounds
+
+
+def measure(mode: str, *, workers: int, size_code: int, window: int, seconds: float) -> float:
+    """Packets per second into the switch (= out of it) for one server in ``mode``."""
+    plen = wire.packet_len(size_code)
+    socks = []
+    for _ in range(workers):
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind(("127.0.0.1", 0))
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, np.array([2, 0], np.int64).tobytes())
+        socks.append(s)
+    ports = [s.getsockname()[1] for s in socks]
+    with tempfile.TemporaryDirectory() as tmp:
+        ready = os.path.join(tmp, "ready")
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bench.switch",
+                "--serve",
+                mode,
+                "--ports",
+                ",".join(map(str, ports)),
+                "--size-code",
+                str(size_code),
+                "--window",
+                str(window),
+                "--ready",
+                ready,
+            ]
+        )
+        try:
+            while not os.path.exists(ready):
+                if proc.poll() is not None:
+                    raise RuntimeError("benchmark server exited at start")
+                time.sleep(0.02)
+            time.sleep(0.05)
+            port = int(Path(ready).read_text())
+            rng = np.random.default_rng(0)
+            pkts = np.zeros((2, workers, window, plen), np.uint8)
+            for st in range(2):
+                for k in range(workers):
+                    for s in range(window):
+                        pkts[st, k, s] = np.frombuffer(
+                            wire.encode(
+                                size_code=size_code,
+                                job_number=0,
+                                tsi=s,
+                                set=st,
+                                slot=s,
+                                values=rng.integers(
+                                    -1000, 1000, wire.values_per_packet(size_code), dtype=np.int32
+                                ),
+                            ),
+                            np.uint8,
+                        )
+            ptr = (
+                pkts.ctypes.data
+                + np.arange(2 * workers * window, dtype=np.int64).reshape(2, workers, window) * plen
+            )
+            tx, rx = fastio.MsgVec(max(window, 1)), fastio.MsgVec(64)
+            rxbuf = np.zeros((64, plen + 1), np.uint8)
+            rx.point_at_rows(rxbuf)
+            lens = np.zeros(64, np.int32)
+            sip, sport = np.zeros(64, np.uint32), np.zeros(64, np.int32)
+            fds = np.array([s.fileno() for s in socks], np.int64)
+            args = (
+                window,
+                ptr,
+                plen,
+                0x7F000001,
+                port,
+                tx.hdr,
+                tx.hdr_ptr,
+                tx.iov,
+                tx.names,
+                rx.hdr,
+                rx.hdr_ptr,
+                rx.names,
+                lens,
+                sip,
+                sport,
+            )
+            _rounds(fds, 4, *args)  # warm up (and compile)
+            t0 = time.perf_counter()
+            done, total = 0, 0
+            while time.perf_counter() - t0 < seconds:
+                r = _rounds(fds, 50, *args)
+                done += r
+                if r < 50:
+                    raise RuntimeError(f"{mode}: packets were lost; use a smaller --window")
+            elapsed = time.perf_counter() - t0
+            total = done * workers * window
+            return total / elapsed
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(10)
+            for s in socks:
+                s.close()
+
+
+def run(workers: int, size_code: int, window: int, reps: int, seconds: float) -> dict:
+    """Alternate agg/echo ``reps`` times; medians and the ratio."""
+    rates: dict[str, list[float]] = {"agg": [], "echo": []}
+    for _ in range(reps):
+        for mode in ("agg", "echo"):
+            rates[mode].append(
+                measure(mode, workers=workers, size_code=size_code, window=window, seconds=seconds)
+            )
+    agg, echo = statistics.median(rates["agg"]), statistics.median(rates["echo"])
+    return {
+        "workers": workers,
+        "size_code": size_code,
+        "packet_bytes": wire.packet_len(size_code),
+        "window": window,
+        "reps": reps,
+        "agg_pps": agg,
+        "echo_pps": echo,
+        "ratio": agg / echo,
+        "agg_all": rates["agg"],
+        "echo_all": rates["echo"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--serve", choices=["agg", "echo"], help=argparse.SUPPRESS)
+    p.add_argument("--ports", help=argparse.SUPPRESS)
+    p.add_argument("--ready", help=argparse.SUPPRESS)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--size-code", type=int, default=3)
+    p.add_argument("--window", type=int, default=32)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--seconds", type=float, default=1.0)
+    p.add_argument("--json", default=None)
+    a = p.parse_args(argv)
+    if not fastio.AVAILABLE:
+        print("the switch-only benchmark needs recvmmsg/sendmmsg (64-bit Linux)", file=sys.stderr)
+        return 1
+    if a.serve:
+        serve(a.serve, [int(x) for x in a.ports.split(",")], a.size_code, a.window, a.ready)
+        return 0
+    res = run(a.workers, a.size_code, a.window, a.reps, a.seconds)
+    print(
+        f"switch-only, {res['packet_bytes']}-byte packets, W={a.workers}, window {a.window}: "
+        f"aggregation {res['agg_pps'] / 1e3:.0f} kpkt/s, echo {res['echo_pps'] / 1e3:.0f} "
+        f"kpkt/s, ratio {res['ratio']:.2f}"
+    )
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
