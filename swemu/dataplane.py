@@ -13,6 +13,7 @@ nothing when unset.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import ipaddress
 import os
 import socket
@@ -23,7 +24,9 @@ import numpy as np
 from numba import njit
 
 from . import fastio
+from . import faults as faults_mod
 from .engine import Batch, SwitchEngine
+from .faults import DelayQueue
 from .kernels import _process_batch
 from .netutil import set_socket_buffers
 from .wire import MAX_PACKET_LEN, MAX_WORKERS
@@ -77,17 +80,11 @@ S_BATCHES, S_PACKETS, S_SENT, S_SEND_DROPS = 0, 1, 2, 3
 
 
 @njit(cache=True, nogil=True)
-def _drain(
-    fd,
-    max_batches,
+def _switch_batch(
     now,
-    rx_hdr,
-    rx_ptr,
-    rx_names,
-    tx_hdr,
-    tx_ptr,
-    tx_iov,
-    tx_names,
+    n,
+    cap,
+    counts,
     buf,
     lens,
     ip,
@@ -99,11 +96,19 @@ def _drain(
     dest_row,
     dest_ip,
     dest_port,
+    dest_worker,
+    link_free,
+    q_buf,
+    q_len,
+    q_due,
+    q_ip,
+    q_port,
     row_ptr,
     row_len,
+    send_ip,
+    send_port,
     out_base,
     out_stride,
-    stats,
     addr_keys,
     addr_vals,
     job_workers,
@@ -119,23 +124,197 @@ def _drain(
     job_counters,
     worker_counters,
     global_counters,
+    faults,
+    fault_counters,
 ):
-    """The whole per-packet path in compiled code: recvmmsg a batch, run the
-    switch kernel, sendmmsg the results; repeat until the socket is empty (or
-    ``max_batches``, to let the event loop breathe). Returns packets received."""
-    cap = buf.shape[0]
+    """One received batch through the switch: injected duplicates, the §2
+    kernel, then loss/delay/link rate on the way out. Returns how many packets
+    leave now (in ``row_ptr/row_len/send_ip/send_port``); ``counts`` gets the
+    rows processed (with duplicates) and the kernel's destination count."""
+    n = faults_mod.duplicate_rows(
+        buf, lens, ip, port, n, cap, addr_keys, addr_vals, faults, fault_counters
+    )
+    nd = _process_batch(
+        buf,
+        lens,
+        ip,
+        port,
+        n,
+        now,
+        addr_keys,
+        addr_vals,
+        job_workers,
+        job_pool,
+        job_code,
+        job_last_seen,
+        values,
+        exps,
+        bitmap,
+        count,
+        dst_ip,
+        dst_port,
+        job_counters,
+        worker_counters,
+        global_counters,
+        faults,
+        fault_counters,
+        action,
+        out_buf,
+        out_len,
+        out_job,
+        dest_row,
+        dest_ip,
+        dest_port,
+        dest_worker,
+    )
+    counts[0] = n
+    counts[1] = nd
+    return faults_mod.egress(
+        now,
+        nd,
+        out_buf,
+        out_len,
+        out_job,
+        dest_row,
+        dest_ip,
+        dest_port,
+        dest_worker,
+        faults,
+        fault_counters,
+        link_free,
+        q_buf,
+        q_len,
+        q_due,
+        q_ip,
+        q_port,
+        out_base,
+        out_stride,
+        row_ptr,
+        row_len,
+        send_ip,
+        send_port,
+    )
+
+
+@njit(cache=True, nogil=True)
+def _drain(
+    fd,
+    max_batches,
+    now,
+    rx_hdr,
+    rx_ptr,
+    rx_names,
+    tx_hdr,
+    tx_ptr,
+    tx_iov,
+    tx_names,
+    cap,
+    buf,
+    lens,
+    ip,
+    port,
+    action,
+    out_buf,
+    out_len,
+    out_job,
+    dest_row,
+    dest_ip,
+    dest_port,
+    dest_worker,
+    link_free,
+    q_buf,
+    q_len,
+    q_due,
+    q_ip,
+    q_port,
+    row_ptr,
+    row_len,
+    send_ip,
+    send_port,
+    out_base,
+    out_stride,
+    q_base,
+    q_stride,
+    stats,
+    counts,
+    addr_keys,
+    addr_vals,
+    job_workers,
+    job_pool,
+    job_code,
+    job_last_seen,
+    values,
+    exps,
+    bitmap,
+    count,
+    dst_ip,
+    dst_port,
+    job_counters,
+    worker_counters,
+    global_counters,
+    faults,
+    fault_counters,
+):
+    """The whole per-packet path in compiled code: send what the delay queue
+    holds that is due, then repeatedly recvmmsg a batch, run it through the
+    switch (:func:`_switch_batch`) and sendmmsg the results, until the socket is
+    empty (or ``max_batches``, to let the event loop breathe). Returns packets
+    received."""
+    m = faults_mod.due_packets(
+        now,
+        q_buf,
+        q_len,
+        q_due,
+        q_ip,
+        q_port,
+        row_ptr,
+        row_len,
+        send_ip,
+        send_port,
+        q_base,
+        q_stride,
+        row_ptr.shape[0],
+    )
+    if m > 0:
+        sent = fastio.send_batch(
+            fd, tx_hdr, tx_ptr, tx_iov, tx_names, m, row_ptr, row_len, send_ip, send_port
+        )
+        stats[S_SENT] += sent
+        stats[S_SEND_DROPS] += m - sent
     total = 0
     for _ in range(max_batches):
         n = fastio.recv_batch(fd, rx_hdr, rx_ptr, cap, lens, ip, port, rx_names)
         if n == 0:
             break
-        nd = _process_batch(
+        m = _switch_batch(
+            now,
+            n,
+            buf.shape[0],
+            counts,
             buf,
             lens,
             ip,
             port,
-            n,
-            now,
+            action,
+            out_buf,
+            out_len,
+            out_job,
+            dest_row,
+            dest_ip,
+            dest_port,
+            dest_worker,
+            link_free,
+            q_buf,
+            q_len,
+            q_due,
+            q_ip,
+            q_port,
+            row_ptr,
+            row_len,
+            send_ip,
+            send_port,
+            out_base,
+            out_stride,
             addr_keys,
             addr_vals,
             job_workers,
@@ -151,25 +330,16 @@ def _drain(
             job_counters,
             worker_counters,
             global_counters,
-            action,
-            out_buf,
-            out_len,
-            out_job,
-            dest_row,
-            dest_ip,
-            dest_port,
+            faults,
+            fault_counters,
         )
-        for d in range(nd):
-            r = dest_row[d]
-            row_ptr[d] = out_base + out_stride * r
-            row_len[d] = out_len[r]
         sent = fastio.send_batch(
-            fd, tx_hdr, tx_ptr, tx_iov, tx_names, nd, row_ptr, row_len, dest_ip, dest_port
+            fd, tx_hdr, tx_ptr, tx_iov, tx_names, m, row_ptr, row_len, send_ip, send_port
         )
         stats[S_BATCHES] += 1
         stats[S_PACKETS] += n
         stats[S_SENT] += sent
-        stats[S_SEND_DROPS] += nd - sent
+        stats[S_SEND_DROPS] += m - sent
         total += n
         if n < cap:
             break
@@ -187,6 +357,7 @@ def _echo_drain(
     tx_ptr,
     tx_iov,
     tx_names,
+    cap,
     buf,
     lens,
     ip,
@@ -200,7 +371,6 @@ def _echo_drain(
     """The same I/O path as :func:`_drain` with the switch replaced by an echo:
     every datagram goes back to its sender. The baseline of ``bench`` that
     isolates the cost of aggregation from the cost of moving packets."""
-    cap = buf.shape[0]
     total = 0
     for _ in range(max_batches):
         n = fastio.recv_batch(fd, rx_hdr, rx_ptr, cap, lens, ip, port, rx_names)
@@ -226,9 +396,10 @@ class DataPlane:
     """Feeds one UDP socket to the engine in batches, from the event loop.
 
     On 64-bit Linux the per-packet path runs in compiled code (``recvmmsg`` ->
-    kernel -> ``sendmmsg``, see :func:`_drain`); elsewhere, or with
-    ``fast=False``, a portable loop of ``recvfrom_into``/``sendto`` feeds the
-    same kernel in the same batches, with the same results.
+    switch kernel -> ``sendmmsg``, see :func:`_drain`); elsewhere, or with
+    ``fast=False`` (or ``SWEMU_PORTABLE=1``), a portable loop of
+    ``recvfrom_into``/``sendto`` feeds the same compiled batch step with the
+    same results. Fault injection (:mod:`swemu.faults`) runs in both.
     """
 
     def __init__(
@@ -239,186 +410,312 @@ class DataPlane:
         batch_capacity: int = 64,
         fast: bool | None = None,
         echo: bool = False,
+        queue_capacity: int = 4096,
     ) -> None:
         self.engine = engine
+        self.sock = sock
+        self.loop = loop
         if fast is None:  # SWEMU_PORTABLE=1 forces the portable path (tests run both)
             fast = os.environ.get("SWEMU_PORTABLE", "") in ("", "0")
         self.fast = fast and fastio.AVAILABLE
         self.echo = echo  # benchmark baseline: send every datagram back, no switch
         if echo and not self.fast:
             raise ValueError("echo mode needs the compiled I/O path (64-bit Linux)")
-        self.sock = sock
-        self.loop = loop
-        # one spare byte a row: a datagram that fills it is longer than any packet
-        self.batch = Batch(batch_capacity, MAX_PACKET_LEN + 1)
+        self.capacity = batch_capacity
+        # twice the rows: room for injected duplicates; one spare byte a row: a
+        # datagram that fills it is longer than any packet
+        self.batch = Batch(2 * batch_capacity, MAX_PACKET_LEN + 1)
         self._rows = [memoryview(self.batch.buf[r]) for r in range(batch_capacity)]
-        self._out_rows = [memoryview(self.batch.out_buf[r]) for r in range(batch_capacity)]
         self._addr = _AddressCache()
         self.stats = DataPlaneStats()
         self._reading = False
         self.tap: Callable[[Batch, float], None] | None = None
+        self._queue_capacity = queue_capacity
+        self.queue = DelayQueue(0, 1)  # grows to queue_capacity when a fault needs it
+        self.link_free = np.zeros((engine.config.max_jobs, MAX_WORKERS), np.float64)
+        n_out = 2 * batch_capacity * MAX_WORKERS
+        self._row_ptr = np.zeros(max(n_out, queue_capacity), np.int64)
+        self._row_len = np.zeros_like(self._row_ptr)
+        self._send_ip = np.zeros(len(self._row_ptr), np.uint32)
+        self._send_port = np.zeros(len(self._row_ptr), np.int32)
+        self._fast_stats = np.zeros(4, np.int64)
+        self._counts = np.zeros(2, np.int64)
+        self._flush_handle: asyncio.TimerHandle | None = None
         if self.fast:
-            b = self.batch
             self._rx = fastio.MsgVec(batch_capacity)
-            self._rx.point_at_rows(b.buf)
-            self._tx = fastio.MsgVec(min(1024, batch_capacity * MAX_WORKERS))
-            self._row_ptr = np.zeros(batch_capacity * MAX_WORKERS, np.int64)
-            self._row_len = np.zeros(batch_capacity * MAX_WORKERS, np.int64)
-            self._fast_stats = np.zeros(4, np.int64)
+            self._rx.point_at_rows(self.batch.buf)
+            self._tx = fastio.MsgVec(1024)
+
+    def enable_delay_queue(self) -> None:
+        """Allocate the delay queue (done when a fault that delays is configured)."""
+        if self.queue.len.shape[0] == 0:
+            self.queue = DelayQueue(self._queue_capacity)
 
     def start(self) -> None:
         self.sock.setblocking(False)
+        self.compile()
         self.loop.add_reader(self.sock.fileno(), self._on_readable)
         self._reading = True
+
+    def compile(self) -> None:
+        """Compile (or load from the cache) every kernel of both paths now, so
+        that the first packets do not wait for Numba."""
+        b = self.batch
+        _switch_batch(
+            0.0,
+            0,
+            b.buf.shape[0],
+            self._counts,
+            *self._batch_args(),
+            self._row_ptr,
+            self._row_len,
+            self._send_ip,
+            self._send_port,
+            b.out_buf.ctypes.data,
+            b.out_buf.strides[0],
+            *self.engine.kernel_state(),
+        )
+        self._send_due()
+        if self.fast and not self.echo:
+            self._drain_fast()  # an empty socket: returns at once, compiled
 
     def stop(self) -> None:
         if self._reading:
             self.loop.remove_reader(self.sock.fileno())
             self._reading = False
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+
+    # ------------------------------------------------------------ the paths
+    def _batch_args(self) -> tuple:
+        b, q = self.batch, self.queue
+        return (
+            b.buf,
+            b.lens,
+            b.ip,
+            b.port,
+            b.action,
+            b.out_buf,
+            b.out_len,
+            b.out_job,
+            b.dest_row,
+            b.dest_ip,
+            b.dest_port,
+            b.dest_worker,
+            self.link_free,
+            q.buf,
+            q.len,
+            q.due,
+            q.ip,
+            q.port,
+        )
 
     def _on_readable(self) -> None:
         self.stats.wakeups += 1
-        if self.fast:
-            self._on_readable_fast()
-            return
-        batch = self.batch
-        cap = batch.capacity
-        recv_into = self.sock.recvfrom_into
-        to_int = self._addr.to_int
-        for _ in range(MAX_BATCHES_PER_WAKEUP):
-            n = 0
-            lens, ips, ports, rows = batch.lens, batch.ip, batch.port, self._rows
-            while n < cap:
-                try:
-                    nbytes, addr = recv_into(rows[n])
-                except (BlockingIOError, InterruptedError):
-                    break
-                except OSError:
-                    self.stats.recv_errors += 1
-                    continue
-                lens[n] = nbytes
-                ips[n] = to_int(addr[0])
-                ports[n] = addr[1]
-                n += 1
-            if n == 0:
-                return
-            batch.n = n
-            now = self.loop.time()
-            self.engine.process(batch, now)
-            self.stats.batches += 1
-            if self.tap is not None:
-                self.tap(batch, now)
-            self._send(batch)
-            if n < cap:
-                return
-
-    def _on_readable_fast(self) -> None:
-        b, rx, tx, st = self.batch, self._rx, self._tx, self._fast_stats
-        fd = self.sock.fileno()
         if self.echo:
-            _echo_drain(
-                fd,
-                MAX_BATCHES_PER_WAKEUP,
-                rx.hdr,
-                rx.hdr_ptr,
-                rx.names,
-                tx.hdr,
-                tx.hdr_ptr,
-                tx.iov,
-                tx.names,
-                b.buf,
-                b.lens,
-                b.ip,
-                b.port,
+            self._echo()
+        elif self.fast and self.tap is None:
+            self._drain_fast()
+        else:
+            self._drain_stepwise()
+        self._arm_flush()
+
+    def _drain_fast(self) -> None:
+        b, rx, tx, q = self.batch, self._rx, self._tx, self.queue
+        _drain(
+            self.sock.fileno(),
+            MAX_BATCHES_PER_WAKEUP,
+            self.loop.time(),
+            rx.hdr,
+            rx.hdr_ptr,
+            rx.names,
+            tx.hdr,
+            tx.hdr_ptr,
+            tx.iov,
+            tx.names,
+            self.capacity,
+            *self._batch_args(),
+            self._row_ptr,
+            self._row_len,
+            self._send_ip,
+            self._send_port,
+            b.out_buf.ctypes.data,
+            b.out_buf.strides[0],
+            q.buf.ctypes.data,
+            q.buf.strides[0],
+            self._fast_stats,
+            self._counts,
+            *self.engine.kernel_state(),
+        )
+        self._sync_stats()
+
+    def _receive_portable(self) -> int:
+        b, n = self.batch, 0
+        recv_into, to_int = self.sock.recvfrom_into, self._addr.to_int
+        while n < self.capacity:
+            try:
+                nbytes, addr = recv_into(self._rows[n])
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                self.stats.recv_errors += 1
+                continue
+            b.lens[n] = nbytes
+            b.ip[n] = to_int(addr[0])
+            b.port[n] = addr[1]
+            n += 1
+        return n
+
+    def _drain_stepwise(self) -> None:
+        """The same steps one batch at a time from Python: the portable path, and
+        the path with a tap (an observer sees each batch between the steps)."""
+        b, st = self.batch, self._fast_stats
+        self._send_due()
+        for _ in range(MAX_BATCHES_PER_WAKEUP):
+            if self.fast:
+                rx = self._rx
+                n = fastio.recv_batch(
+                    self.sock.fileno(),
+                    rx.hdr,
+                    rx.hdr_ptr,
+                    self.capacity,
+                    b.lens,
+                    b.ip,
+                    b.port,
+                    rx.names,
+                )
+            else:
+                n = self._receive_portable()
+            if n == 0:
+                break
+            now = self.loop.time()
+            m = _switch_batch(
+                now,
+                n,
+                b.buf.shape[0],
+                self._counts,
+                *self._batch_args(),
                 self._row_ptr,
                 self._row_len,
-                b.buf.ctypes.data,
-                b.buf.strides[0],
-                st,
-            )
-        elif self.tap is None:
-            _drain(
-                fd,
-                MAX_BATCHES_PER_WAKEUP,
-                self.loop.time(),
-                rx.hdr,
-                rx.hdr_ptr,
-                rx.names,
-                tx.hdr,
-                tx.hdr_ptr,
-                tx.iov,
-                tx.names,
-                b.buf,
-                b.lens,
-                b.ip,
-                b.port,
-                b.action,
-                b.out_buf,
-                b.out_len,
-                b.out_job,
-                b.dest_row,
-                b.dest_ip,
-                b.dest_port,
-                self._row_ptr,
-                self._row_len,
+                self._send_ip,
+                self._send_port,
                 b.out_buf.ctypes.data,
                 b.out_buf.strides[0],
-                st,
                 *self.engine.kernel_state(),
             )
-        else:  # an observer wants every batch: same steps, with the tap between them
-            for _ in range(MAX_BATCHES_PER_WAKEUP):
-                n = fastio.recv_batch(
-                    fd, rx.hdr, rx.hdr_ptr, b.capacity, b.lens, b.ip, b.port, rx.names
-                )
-                if n == 0:
-                    break
-                b.n = n
-                now = self.loop.time()
-                nd = self.engine.process(b, now)
+            if self.tap is not None:
+                b.n, b.n_dest = int(self._counts[0]), int(self._counts[1])
                 self.tap(b, now)
-                rows = b.dest_row[:nd]
-                self._row_ptr[:nd] = b.out_buf.ctypes.data + b.out_buf.strides[0] * rows
-                self._row_len[:nd] = b.out_len[rows]
-                sent = fastio.send_batch(
-                    fd,
-                    tx.hdr,
-                    tx.hdr_ptr,
-                    tx.iov,
-                    tx.names,
-                    nd,
-                    self._row_ptr,
-                    self._row_len,
-                    b.dest_ip,
-                    b.dest_port,
-                )
-                st[S_BATCHES] += 1
-                st[S_PACKETS] += n
-                st[S_SENT] += sent
-                st[S_SEND_DROPS] += nd - sent
-                if n < b.capacity:
-                    break
+            self._send_list(m)
+            st[S_BATCHES] += 1
+            st[S_PACKETS] += n
+            if n < self.capacity:
+                break
+        self._sync_stats()
+
+    def _echo(self) -> None:
+        b, rx, tx = self.batch, self._rx, self._tx
+        _echo_drain(
+            self.sock.fileno(),
+            MAX_BATCHES_PER_WAKEUP,
+            rx.hdr,
+            rx.hdr_ptr,
+            rx.names,
+            tx.hdr,
+            tx.hdr_ptr,
+            tx.iov,
+            tx.names,
+            self.capacity,
+            b.buf,
+            b.lens,
+            b.ip,
+            b.port,
+            self._row_ptr,
+            self._row_len,
+            b.buf.ctypes.data,
+            b.buf.strides[0],
+            self._fast_stats,
+        )
+        self._sync_stats()
+
+    def _send_list(self, m: int) -> None:
+        """Send the first ``m`` packets of the compacted send list."""
+        if m == 0:
+            return
+        st = self._fast_stats
+        if self.fast:
+            tx = self._tx
+            sent = fastio.send_batch(
+                self.sock.fileno(),
+                tx.hdr,
+                tx.hdr_ptr,
+                tx.iov,
+                tx.names,
+                m,
+                self._row_ptr,
+                self._row_len,
+                self._send_ip,
+                self._send_port,
+            )
+        else:
+            sent = 0
+            to_str, sendto = self._addr.to_str, self.sock.sendto
+            for ptr, ln, ip, port in zip(
+                self._row_ptr[:m].tolist(),
+                self._row_len[:m].tolist(),
+                self._send_ip[:m].tolist(),
+                self._send_port[:m].tolist(),
+            ):
+                try:
+                    sendto((ctypes.c_char * ln).from_address(ptr), (to_str(ip), port))
+                    sent += 1
+                except OSError:
+                    pass  # a full socket buffer is a queue overflow: retransmission recovers
+        st[S_SENT] += sent
+        st[S_SEND_DROPS] += m - sent
+
+    def _send_due(self) -> None:
+        q = self.queue
+        if q.len.shape[0] == 0:
+            return
+        m = faults_mod.due_packets(
+            self.loop.time(),
+            *self.queue.arrays(),
+            self._row_ptr,
+            self._row_len,
+            self._send_ip,
+            self._send_port,
+            q.buf.ctypes.data,
+            q.buf.strides[0],
+            len(self._row_ptr),
+        )
+        self._send_list(m)
+
+    def _arm_flush(self) -> None:
+        """Wake up when the earliest delayed packet is due (nothing if none)."""
+        if self.queue.len.shape[0] == 0:
+            return
+        due = self.queue.next_due()
+        if due is None:
+            return
+        h = self._flush_handle
+        if h is not None:
+            if h.when() <= due:
+                return
+            h.cancel()
+        self._flush_handle = self.loop.call_at(due, self._on_flush)
+
+    def _on_flush(self) -> None:
+        self._flush_handle = None
+        self._send_due()
+        self._sync_stats()
+        self._arm_flush()
+
+    def _sync_stats(self) -> None:
+        st = self._fast_stats
         self.stats.batches = int(st[S_BATCHES])
         self.stats.send_errors = int(st[S_SEND_DROPS])
-
-    def _send(self, batch: Batch) -> None:
-        nd = batch.n_dest
-        if nd == 0:
-            return
-        rows = batch.dest_row[:nd].tolist()
-        ips = batch.dest_ip[:nd].tolist()
-        ports = batch.dest_port[:nd].tolist()
-        lens = batch.out_len
-        to_str = self._addr.to_str
-        sendto = self.sock.sendto
-        out_rows = self._out_rows
-        for r, ip, port in zip(rows, ips, ports):
-            try:
-                sendto(out_rows[r][: lens[r]], (to_str(ip), port))
-            except OSError:
-                # a full socket buffer is a switch queue overflow: the worker's
-                # retransmission recovers, exactly as on hardware
-                self.stats.send_errors += 1
 
 
 def bind_udp(host: str, port: int) -> socket.socket:

@@ -6,7 +6,9 @@ The engine never opens a socket, sleeps or reads the clock: time is a parameter.
 A caller (the asyncio server, a test's in-memory fabric, a benchmark) feeds it
 
 * control-plane calls: :meth:`SwitchEngine.register` (PROTOCOL.md §5 UdpSession)
-  and :meth:`SwitchEngine.release`;
+  and :meth:`SwitchEngine.release`, which go through :attr:`SwitchEngine.controller`
+  (:class:`swemu.controller.SessionController`, where the session rules live) and
+  come back as table primitives (``create_job``, ``set_worker``, ...);
 * data-plane batches: :meth:`SwitchEngine.process` takes a :class:`Batch`
   (rows of received datagrams with their source addresses as integers) and
   fills the batch's output arrays: per row an :class:`Action` (what happened
@@ -36,12 +38,15 @@ released), "add" (and max-reduce the exponents) otherwise.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 
 import numpy as np
 
 from . import kernels as K
+from .controller import EmulatorTarget, SessionController, SwitchAddress
+from .controller import RegistrationError as RegistrationError  # re-exported: its old home
 from .wire import (
     MAX_PACKET_LEN,
     MAX_SLOTS,
@@ -62,6 +67,7 @@ class Action(IntEnum):
     MULTICAST = K.A_MULTICAST
     RETRANSMIT_PENDING = K.A_RETRANSMIT_PENDING
     UNICAST = K.A_UNICAST
+    INJECTED_LOSS = K.A_INJECTED_LOSS
 
 
 JOB_COUNTER_NAMES = (
@@ -79,18 +85,11 @@ JOB_COUNTER_NAMES = (
 )
 WORKER_COUNTER_NAMES = ("pkts_in", "retransmissions", "last", "drops")
 GLOBAL_COUNTER_NAMES = ("pkts_in", "drop_unknown_source")
+FAULT_COUNTER_NAMES = ("loss_in", "loss_out", "duplicated", "delayed", "queue_drops")
+assert len(FAULT_COUNTER_NAMES) == K.N_FAULT_COUNTERS
 assert len(JOB_COUNTER_NAMES) == K.N_JOB_COUNTERS
 assert len(WORKER_COUNTER_NAMES) == K.N_WORKER_COUNTERS
 assert len(GLOBAL_COUNTER_NAMES) == K.N_GLOBAL_COUNTERS
-
-
-class RegistrationError(Exception):
-    """A refused control-plane request; ``code`` names the gRPC status to answer."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code  # "INVALID_ARGUMENT" or "RESOURCE_EXHAUSTED"
-        self.message = message
 
 
 @dataclass(frozen=True)
@@ -133,6 +132,7 @@ class Job:
     pool_size: int
     created: float
     workers: dict[int, tuple[int, int]] = field(default_factory=dict)  # rank -> (ip, port)
+    macs: dict[int, int] = field(default_factory=dict)  # rank -> MAC (kept for the model only)
 
     @property
     def memory(self) -> int:
@@ -164,6 +164,7 @@ class Batch:
         self.dest_row = np.zeros(capacity * MAX_WORKERS, np.int32)
         self.dest_ip = np.zeros(capacity * MAX_WORKERS, np.uint32)
         self.dest_port = np.zeros(capacity * MAX_WORKERS, np.int32)
+        self.dest_worker = np.zeros(capacity * MAX_WORKERS, np.int32)
         self.n_dest = 0
 
     def add(self, data: bytes | bytearray | memoryview, ip: int, port: int) -> bool:
@@ -207,6 +208,10 @@ class SwitchEngine:
         self.job_counters = np.zeros((mj, K.N_JOB_COUNTERS), np.int64)
         self.worker_counters = np.zeros((mj, MAX_WORKERS, K.N_WORKER_COUNTERS), np.int64)
         self.global_counters = np.zeros(K.N_GLOBAL_COUNTERS, np.int64)
+        # fault injection: per (job, worker) settings and per-job counters (swemu.faults)
+        self.faults = np.zeros((mj, MAX_WORKERS, K.N_FAULT_PARAMS), np.float64)
+        self.fault_counters = np.zeros((mj, K.N_FAULT_COUNTERS), np.int64)
+        self.fault_defaults = np.zeros(K.N_FAULT_PARAMS, np.float64)
         self.values = K.make_list(K.VALUES_T)
         self.exps = K.make_list(K.EXPS_T)
         self.bitmap = K.make_list(K.BITMAP_T)
@@ -223,11 +228,28 @@ class SwitchEngine:
         self._by_index: dict[int, Job] = {}
         self._free = list(range(mj - 1, -1, -1))
         self.released: dict[str, int] = {"replaced": 0, "idle": 0, "explicit": 0}
+        # control-plane state the kernel does not read (swemu.controller's model)
+        self.switch_address: SwitchAddress | None = None
+        self.release_hooks: list[Callable[[Job], None]] = []  # called as a job is freed
+        self._controller: SessionController | None = None
 
     # ------------------------------------------------------------------ control
+    # PROTOCOL.md §5's rules live in swemu.controller.SessionController; the engine
+    # holds the tables and offers the primitives its EmulatorTarget writes them with.
+    @property
+    def controller(self) -> SessionController:
+        """The session controller over this engine (one per engine, made on first use)."""
+        if self._controller is None:
+            self._controller = SessionController(EmulatorTarget(self))
+        return self._controller
+
     @property
     def memory_in_use(self) -> int:
         return sum(job.memory for job in self.jobs.values())
+
+    @property
+    def free_job_entries(self) -> int:
+        return len(self._free)
 
     def register(
         self,
@@ -241,72 +263,32 @@ class SwitchEngine:
         pool_size: int = 0,
         now: float = 0.0,
     ) -> Job:
-        """Register worker ``rank`` of a session (PROTOCOL.md §5 UdpSession).
+        """Register worker ``rank`` of a session (PROTOCOL.md §5 UdpSession) through
+        :attr:`controller`; return the engine's job. Raises :class:`RegistrationError`.
 
-        Rank 0 replaces the session (fresh pool, parameters fixed); other ranks
-        must agree with rank 0's parameters. Raises :class:`RegistrationError`.
+        A convenience for tests and in-memory fabrics: rank 0 replaces the session
+        (fresh pool, parameters fixed), other ranks must agree with rank 0.
         """
-        cfg = self.config
-        bad = "INVALID_ARGUMENT"
-        if session_id == 0:
-            raise RegistrationError(bad, "session_id must be non-zero")
-        if not 0 <= packet_size <= 7:
-            raise RegistrationError(bad, f"packet_size {packet_size} is not a size code 0..7")
-        if not 1 <= num_workers <= cfg.max_workers:
-            raise RegistrationError(
-                bad, f"num_workers {num_workers} must be in 1..{cfg.max_workers}"
-            )
-        if not 0 <= rank < num_workers:
-            raise RegistrationError(bad, f"rank {rank} must be in 0..{num_workers - 1}")
-        if not 0 <= udp_port <= 0xFFFF:
-            raise RegistrationError(bad, f"udp_port {udp_port} must be in 0..65535")
-        if not 0 < ipv4 < (1 << 32):
-            raise RegistrationError(bad, f"ipv4 {ipv4} is not a usable IPv4 address")
-        if pool_size > cfg.pool_size:
-            raise RegistrationError(
-                bad, f"pool_size {pool_size} exceeds this switch's per-job limit of {cfg.pool_size}"
-            )
-        pool = pool_size or cfg.pool_size
-        job = self.jobs.get(session_id)
-        if rank == 0:
-            need = pool_bytes(pool, packet_size)
-            in_use = self.memory_in_use - (job.memory if job else 0)
-            if in_use + need > cfg.max_pool_memory:
-                raise RegistrationError(
-                    "RESOURCE_EXHAUSTED",
-                    f"a pool of {pool} slots at size code {packet_size} needs {need} bytes; "
-                    f"{in_use} of the switch's {cfg.max_pool_memory} bytes are in use "
-                    f"(--max-pool-memory)",
-                )
-            if job is not None:
-                self._drop_job(job, "replaced")
-            if not self._free:
-                raise RegistrationError(
-                    "RESOURCE_EXHAUSTED", f"all {cfg.max_jobs} job entries of the switch are in use"
-                )
-            job = self._new_job(session_id, num_workers, packet_size, pool, now)
-        else:
-            if job is None:
-                raise RegistrationError(
-                    bad, f"session {session_id} has no rank 0 registration; rank 0 registers first"
-                )
-            if (num_workers, packet_size, pool) != (job.num_workers, job.size_code, job.pool_size):
-                raise RegistrationError(
-                    bad,
-                    f"rank {rank} asks for num_workers={num_workers}, packet_size={packet_size}, "
-                    f"pool_size={pool} but rank 0 registered num_workers={job.num_workers}, "
-                    f"packet_size={job.size_code}, pool_size={job.pool_size}",
-                )
-        self._set_worker(job, rank, ipv4, udp_port)
-        self.job_last_seen[job.index] = now
-        return job
+        session = self.controller.register(
+            session_id=session_id,
+            rank=rank,
+            num_workers=num_workers,
+            ipv4=ipv4,
+            udp_port=udp_port,
+            packet_size=packet_size,
+            pool_size=pool_size,
+            now=now,
+        )
+        return session.handle
 
     def release(self, session_id: int) -> bool:
         """Free a session's pool and registrations; False if it did not exist."""
-        job = self.jobs.get(session_id)
+        if self.controller.release(session_id):
+            return True
+        job = self.jobs.get(session_id)  # made with create_job, not through the controller
         if job is None:
             return False
-        self._drop_job(job, "explicit")
+        self.drop_job(job, "explicit")
         return True
 
     def get_timer(self) -> float | None:
@@ -326,10 +308,14 @@ class SwitchEngine:
             if now - self.job_last_seen[j.index] >= self.config.idle_timeout
         ]
         for job in idle:
-            self._drop_job(job, "idle")
+            self.drop_job(job, "idle")
         return [job.session_id for job in idle]
 
-    def _new_job(self, session_id: int, w: int, code: int, pool: int, now: float) -> Job:
+    # -------------------------------------------------- table primitives (no rules)
+    def create_job(self, session_id: int, w: int, code: int, pool: int, now: float) -> Job:
+        """Take a free job entry and give it a fresh pool of ``pool`` slots (no workers)."""
+        if session_id in self.jobs:
+            raise ValueError(f"session {session_id} already has a job; drop it first")
         j = self._free.pop()
         n = values_per_packet(code)
         # np.empty: values are written before they are read (the "write" rule of
@@ -341,16 +327,21 @@ class SwitchEngine:
         self.job_workers[j] = w
         self.job_pool[j] = pool
         self.job_code[j] = code
+        self.job_last_seen[j] = now
         self.dst_ip[j] = 0
         self.dst_port[j] = -1
         self.job_counters[j] = 0
+        self.fault_counters[j] = 0
+        self.faults[j] = self.fault_defaults  # the switch-wide fault settings
         self.worker_counters[j] = 0
         job = Job(session_id, j, w, code, pool, now)
         self.jobs[session_id] = job
         self._by_index[j] = job
         return job
 
-    def _drop_job(self, job: Job, why: str) -> None:
+    def drop_job(self, job: Job, why: str) -> None:
+        """Free a job's entry, pool and addresses (``why`` is counted in ``released``),
+        then tell :attr:`release_hooks`."""
         j = job.index
         for key in [k for k, (jj, _) in self._addr.items() if jj == j]:
             del self._addr[key]
@@ -367,25 +358,37 @@ class SwitchEngine:
         del self._by_index[j]
         self._free.append(j)
         self.released[why] += 1
+        for hook in self.release_hooks:
+            hook(job)
 
-    def _set_worker(self, job: Job, rank: int, ip: int, port: int) -> None:
+    def set_worker(self, job: Job, rank: int, ip: int, port: int, mac: int = 0) -> None:
+        """Add worker ``rank`` of ``job`` at ``(ip, port)``: its address-table entry and
+        its destination. Both must be free: moving an address or a rank is the
+        controller's rule, done as :meth:`remove_worker` first."""
         key = (ip << 16) | port
-        old = self._addr.get(key)
-        if old is not None and old != (job.index, rank):
-            # an address belongs to one worker of one job: registering it moves it
-            oj, ow = old
-            other = self._by_index[oj]
-            other.workers.pop(ow, None)
-            self.dst_port[oj, ow] = -1
-            self.dst_ip[oj, ow] = 0
-        prev = job.workers.get(rank)
-        if prev is not None:
-            self._addr.pop((prev[0] << 16) | prev[1], None)
+        if key in self._addr:
+            raise ValueError(f"address {int_to_ipv4(ip)}:{port} is already registered")
+        if rank in job.workers:
+            raise ValueError(f"rank {rank} of session {job.session_id} is already registered")
         job.workers[rank] = (ip, port)
+        job.macs[rank] = mac
         self._addr[key] = (job.index, rank)
         self.dst_ip[job.index, rank] = ip
         self.dst_port[job.index, rank] = port
         self._rebuild_addr_table()
+
+    def remove_worker(self, job: Job, rank: int) -> None:
+        """Undo :meth:`set_worker`: the address becomes unknown, the rank gets no results."""
+        ip, port = job.workers.pop(rank)
+        job.macs.pop(rank, None)
+        del self._addr[(ip << 16) | port]
+        self.dst_ip[job.index, rank] = 0
+        self.dst_port[job.index, rank] = -1
+        self._rebuild_addr_table()
+
+    def touch(self, job: Job, now: float) -> None:
+        """Count ``now`` as activity of ``job`` for the idle timer."""
+        self.job_last_seen[job.index] = now
 
     def _rebuild_addr_table(self) -> None:
         keys = np.array(sorted(self._addr), dtype=np.uint64)
@@ -418,6 +421,8 @@ class SwitchEngine:
             self.job_counters,
             self.worker_counters,
             self.global_counters,
+            self.faults,
+            self.fault_counters,
         )
 
     def process(self, batch: Batch, now: float = 0.0) -> int:
@@ -438,6 +443,7 @@ class SwitchEngine:
             batch.dest_row,
             batch.dest_ip,
             batch.dest_port,
+            batch.dest_worker,
         )
         return batch.n_dest
 
@@ -495,6 +501,10 @@ class SwitchEngine:
                     "counters": {
                         name: int(self.job_counters[j, i])
                         for i, name in enumerate(JOB_COUNTER_NAMES)
+                    },
+                    "faults": {
+                        name: int(self.fault_counters[j, i])
+                        for i, name in enumerate(FAULT_COUNTER_NAMES)
                     },
                     "workers": workers,
                 }

@@ -33,6 +33,7 @@ A_AGGREGATED = 4  # new contribution, slot not complete: nothing sent
 A_MULTICAST = 5  # new contribution completed the slot: result to every worker
 A_RETRANSMIT_PENDING = 6  # retransmission, slot incomplete: nothing sent
 A_UNICAST = 7  # retransmission, slot complete: result to that worker only
+A_INJECTED_LOSS = 8  # dropped by fault injection on the way in (never reached the switch)
 
 # --- per-job counters (columns of job_counters) ------------------------------
 C_PKTS_IN = 0
@@ -54,6 +55,24 @@ W_RETRANSMISSIONS = 1
 W_LAST = 2  # completions this worker triggered: the slowest worker has the most
 W_DROPS = 3
 N_WORKER_COUNTERS = 4
+
+# --- per-job injected faults (columns of fault_counters) ---------------------
+# counted apart from real drops: they are what the user asked the emulator to do
+F_LOSS_IN = 0
+F_LOSS_OUT = 1
+F_DUPLICATED = 2
+F_DELAYED = 3
+F_QUEUE_DROPS = 4  # delay/link queue full
+N_FAULT_COUNTERS = 5
+
+# --- per (job, worker) fault settings (last axis of faults) ------------------
+P_LOSS_IN = 0
+P_LOSS_OUT = 1
+P_DUPLICATE = 2
+P_DELAY = 3  # seconds, fixed extra delay of what the switch sends
+P_REORDER = 4  # seconds, max random extra delay of what the switch sends
+P_LINK_BPS = 5  # bits/s of the switch -> worker link (0 = unlimited)
+N_FAULT_PARAMS = 6
 
 # --- switch-wide counters ----------------------------------------------------
 G_PKTS_IN = 0
@@ -96,6 +115,8 @@ def _process_batch(
     job_counters,
     worker_counters,
     global_counters,
+    faults,
+    fault_counters,
     action,
     out_buf,
     out_len,
@@ -103,8 +124,13 @@ def _process_batch(
     dest_row,
     dest_ip,
     dest_port,
+    dest_worker,
 ):
-    """Apply PROTOCOL.md §2 to rows ``0..n-1`` of a batch; return the destination count."""
+    """Apply PROTOCOL.md §2 to rows ``0..n-1`` of a batch; return the destination count.
+
+    ``faults[j, w, P_LOSS_IN]`` > 0 drops packets of worker w of job j before
+    the switch sees them (seeded: :func:`seed`); the other faults act on what
+    the switch sends and are applied by the I/O layer using ``dest_worker``."""
     n_dest = 0
     for r in range(n):
         out_len[r] = 0
@@ -122,6 +148,11 @@ def _process_batch(
             continue
         j = ent >> 5
         w = ent & 31
+        p_in = faults[j, w, P_LOSS_IN]
+        if p_in > 0.0 and np.random.random() < p_in:
+            fault_counters[j, F_LOSS_IN] += 1
+            action[r] = A_INJECTED_LOSS
+            continue
         out_job[r] = j
         job_counters[j, C_PKTS_IN] += 1
         job_counters[j, C_BYTES_IN] += length
@@ -242,6 +273,7 @@ def _process_batch(
             dest_row[n_dest] = r
             dest_ip[n_dest] = src_ip[r]
             dest_port[n_dest] = src_port[r]
+            dest_worker[n_dest] = w
             n_dest += 1
             job_counters[j, C_PKTS_OUT] += 1
             job_counters[j, C_BYTES_OUT] += plen
@@ -256,10 +288,17 @@ def _process_batch(
                 dest_ip[n_dest] = dst_ip[j, d]
                 p = dst_port[j, d]
                 dest_port[n_dest] = p if p > 0 else src_port[r]
+                dest_worker[n_dest] = d
                 n_dest += 1
                 job_counters[j, C_PKTS_OUT] += 1
                 job_counters[j, C_BYTES_OUT] += plen
     return n_dest
+
+
+@njit(cache=True)
+def seed(value):
+    """Seed the kernels' random generator (fault injection is reproducible)."""
+    np.random.seed(value)
 
 
 def make_list(item_type):

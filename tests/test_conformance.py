@@ -69,8 +69,9 @@ def test_vector_names_match_files() -> None:
 
 
 def test_vector_actions_are_the_engines() -> None:
-    """The action names of the vector format are exactly swemu.engine.Action's."""
-    assert set(ACTIONS) == {a.name for a in Action}
+    """The action names of the vector format are exactly swemu.engine.Action's
+    (but for the emulator's fault injection, which is not a §2 outcome)."""
+    assert set(ACTIONS) == {a.name for a in Action} - {"INJECTED_LOSS"}
 
 
 @pytest.mark.parametrize("vector", VECTORS, ids=[v["name"] for v in VECTORS])

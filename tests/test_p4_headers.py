@@ -416,7 +416,7 @@ def test_types_fit_the_constants() -> None:
 
 def test_action_codes_are_the_engines() -> None:
     """ACTION_* of configuration.p4 number the outcomes as swemu.engine.Action does."""
-    for action in Action:
+    for action in (a for a in Action if a != Action.INJECTED_LOSS):  # emulator-only
         assert P4.value(f"ACTION_{action.name}") == action.value, action.name
 
 

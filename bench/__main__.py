@@ -1,0 +1,66 @@
+"""``python -m bench {allreduce,switch}``: the benchmarks, side by side in one run.
+
+Results go to ``--out`` (default ``bench/results/``, git-ignored) as JSON, a
+markdown table and a PNG plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _list(kind):  # noqa: ANN001, ANN202
+    def parse(text: str) -> list:
+        from cli.terminal import parse_size
+
+        return [kind(x) if kind is int else parse_size(x) for x in text.split(",") if x]
+
+    return parse
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="what", required=True)
+    a = sub.add_parser("allreduce", help="SwitchML vs gloo ring vs parameter server")
+    a.add_argument("--workers", type=_list(int), default=[2, 4, 8])
+    a.add_argument("--sizes", type=_list(None), default=[1 << 20, 16 << 20, 64 << 20])
+    a.add_argument("--codes", type=_list(int), default=[1, 3, 6, 7])
+    a.add_argument("--reps", type=int, default=5)
+    a.add_argument("--out", type=Path, default=Path("bench/results"))
+    s = sub.add_parser("switch", help="switch-only packets/s: aggregation vs echo")
+    s.add_argument("--workers", type=int, default=4)
+    s.add_argument("--size-codes", type=_list(int), default=[3, 6])
+    s.add_argument("--window", type=int, default=32)
+    s.add_argument("--reps", type=int, default=5)
+    s.add_argument("--seconds", type=float, default=1.0)
+    s.add_argument("--out", type=Path, default=Path("bench/results"))
+    args = p.parse_args(argv)
+
+    if args.what == "allreduce":
+        from .allreduce import markdown, run, write_outputs
+
+        data = run(args.workers, args.sizes, args.codes, args.reps,
+                   log=lambda m: print(m, file=sys.stderr))  # fmt: skip
+        paths = write_outputs(data, args.out)
+        print(markdown(data))
+        print("written: " + ", ".join(map(str, paths)), file=sys.stderr)
+        return 0
+    import json
+
+    from .switch import run as run_switch
+
+    rows = []
+    for code in args.size_codes:
+        r = run_switch(args.workers, code, args.window, args.reps, args.seconds)
+        rows.append(r)
+        print(f"{r['packet_bytes']:>6} B: aggregation {r['agg_pps'] / 1e3:7.0f} kpkt/s, "
+              f"echo {r['echo_pps'] / 1e3:7.0f} kpkt/s, ratio {r['ratio']:.2f}")  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "switch.json").write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

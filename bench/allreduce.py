@@ -1,0 +1,214 @@
+"""Allreduce benchmark: SwitchML through the emulator vs gloo ring vs a parameter server.
+
+For each world size W one group of W worker processes is started. Every worker
+joins one SwitchML job per packet size code (through one emulator process) and
+one torch.distributed gloo group, then executes the driver's commands: the
+methods run interleaved in the same invocation (for each repetition, for each
+size, every method once), each timed call preceded by a barrier so that the
+workers start together. A call's time is the slowest worker's; the report is
+the median over repetitions, and every method's ratio to gloo's ring
+``all_reduce`` of the same size in the same run.
+
+* ``switchml-<code>``: ``hostlib`` allreduce of float32 through the emulator;
+* ``gloo``: ``torch.distributed.all_reduce`` (gloo, ring);
+* ``ps``: the parameter-server pattern, gloo ``reduce`` to rank 0 + ``broadcast``.
+
+Memory is reported too: the emulator's RSS before and after the run (it must not
+grow with tensor size or traffic) and each worker's peak RSS next to its
+tensors' size.
+
+Run: ``python -m bench allreduce [--workers 2,4,8] [--sizes 1Mi,16Mi,64Mi]
+[--codes 1,3,6,7] [--reps 5] [--out DIR]``.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import resource
+import socket
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+GLOO = "gloo"
+PS = "ps"
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def _worker(rank: int, w: int, switch: str, control: str, codes: list[int], master: int,
+            conn: Any) -> None:  # fmt: skip
+    """A benchmark worker: joins every method, then runs the driver's commands."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+    import torch.distributed as dist
+
+    import hostlib
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{master}", rank=rank,
+                            world_size=w)  # fmt: skip
+    ctxs = {}
+    for code in codes:
+        ctxs[code] = hostlib.connect(switch, control, rank=rank, world_size=w, packet_size=code,
+                                     no_progress=60.0).open()  # fmt: skip
+        ctxs[code].allreduce(np.ones(4096, np.float32))  # warm up kernels and the path
+    conn.send("ready")
+    arrays: dict[int, tuple[np.ndarray, np.ndarray, torch.Tensor]] = {}
+    while True:
+        cmd = conn.recv()
+        if cmd is None:
+            break
+        method, nbytes = cmd
+        if nbytes not in arrays:
+            arrays.clear()
+            x = np.random.default_rng(rank).standard_normal(nbytes // 4).astype(np.float32)
+            arrays[nbytes] = (x, np.empty_like(x), torch.from_numpy(x.copy()))
+        x, out, t = arrays[nbytes]
+        dist.barrier()
+        t0 = time.perf_counter()
+        if method == GLOO:
+            dist.all_reduce(t)
+        elif method == PS:
+            dist.reduce(t, dst=0)
+            dist.broadcast(t, src=0)
+        else:
+            ctxs[int(method.split("-")[1])].allreduce(x, out=out)
+        dt = time.perf_counter() - t0
+        conn.send(dt)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    conn.send({"peak_rss": peak})
+    for c in ctxs.values():
+        c.close()
+    dist.destroy_process_group()
+
+
+def _rss(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def run(workers: list[int], sizes: list[int], codes: list[int], reps: int,
+        log=print) -> dict:  # fmt: skip
+    """Run the whole matrix; return the results as plain data."""
+    from swemu.launch import EmulatorProcess
+
+    methods = [f"switchml-{c}" for c in codes] + [GLOO, PS]
+    results: list[dict] = []
+    memory: dict[str, Any] = {}
+    ctx = mp.get_context("spawn")
+    with EmulatorProcess("--max-pool-memory", "4GiB") as emu:
+        memory["emulator_rss_start"] = _rss(emu.proc.pid)
+        for w in workers:
+            pipes, procs = [], []
+            master = _free_port()
+            for r in range(w):
+                a, b = ctx.Pipe()
+                p = ctx.Process(target=_worker, args=(r, w, emu.switch, emu.control, codes,
+                                                      master, b), daemon=True)  # fmt: skip
+                p.start()
+                pipes.append(a)
+                procs.append(p)
+            for a in pipes:
+                if not a.poll(300):
+                    raise RuntimeError(f"W={w}: a worker did not start")
+                a.recv()
+            times: dict[tuple[str, int], list[float]] = {}
+            for rep in range(reps):
+                for size in sizes:
+                    for m in methods:
+                        for a in pipes:
+                            a.send((m, size))
+                        t = max(a.recv() for a in pipes)
+                        times.setdefault((m, size), []).append(t)
+                log(f"W={w}: repetition {rep + 1}/{reps} done")
+            for a in pipes:
+                a.send(None)
+            peaks = [a.recv()["peak_rss"] for a in pipes]
+            for p in procs:
+                p.join(30)
+            memory[f"worker_peak_rss_W{w}"] = max(peaks)
+            for size in sizes:
+                gloo = statistics.median(times[(GLOO, size)])
+                for m in methods:
+                    med = statistics.median(times[(m, size)])
+                    results.append({
+                        "workers": w, "bytes": size, "method": m, "median_s": med,
+                        "all_s": times[(m, size)], "goodput_gbps": size * 8 / med / 1e9,
+                        "ratio_to_gloo": med / gloo,
+                    })  # fmt: skip
+        memory["emulator_rss_end"] = _rss(emu.proc.pid)
+    memory["largest_tensor_bytes"] = max(sizes)
+    return {"results": results, "memory": memory, "reps": reps, "codes": codes}
+
+
+def markdown(data: dict) -> str:
+    """The results as a markdown table (time in ms, ratio to gloo)."""
+    lines = ["| W | size | method | median (ms) | goodput (Gbit/s) | time / gloo |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in data["results"]:
+        lines.append(f"| {r['workers']} | {r['bytes'] / 2**20:g} MiB | {r['method']} | "
+                     f"{r['median_s'] * 1e3:.1f} | {r['goodput_gbps']:.2f} | "
+                     f"{r['ratio_to_gloo']:.2f} |")  # fmt: skip
+    m = data["memory"]
+    lines += ["", f"Emulator RSS: {m['emulator_rss_start'] / 2**20:.0f} MiB at start, "
+                  f"{m['emulator_rss_end'] / 2**20:.0f} MiB at the end.",
+              "Worker peak RSS (largest tensor "
+              f"{m['largest_tensor_bytes'] / 2**20:g} MiB): " + ", ".join(
+                  f"{k.split('_')[-1]}: {v / 2**20:.0f} MiB" for k, v in m.items()
+                  if k.startswith("worker_peak"))]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def plot(data: dict, path: Path) -> None:
+    """Time relative to gloo per method and size, one panel per W (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ws = sorted({r["workers"] for r in data["results"]})
+    fig, axes = plt.subplots(1, len(ws), figsize=(5 * len(ws), 4), squeeze=False)
+    for ax, w in zip(axes[0], ws):
+        rows = [r for r in data["results"] if r["workers"] == w]
+        methods = sorted({r["method"] for r in rows})
+        sizes = sorted({r["bytes"] for r in rows})
+        width = 0.8 / len(methods)
+        for i, m in enumerate(methods):
+            ys = [next(r["ratio_to_gloo"] for r in rows if r["method"] == m and r["bytes"] == s)
+                  for s in sizes]  # fmt: skip
+            ax.bar(np.arange(len(sizes)) + i * width, ys, width, label=m)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks(np.arange(len(sizes)) + 0.4 - width / 2)
+        ax.set_xticklabels([f"{s / 2**20:g} MiB" for s in sizes])
+        ax.set_title(f"W = {w}")
+        ax.set_ylabel("time / gloo ring (lower is better)")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_outputs(data: dict, out: Path, name: str = "allreduce") -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{name}.json", out / f"{name}.md", out / f"{name}.png"]
+    paths[0].write_text(json.dumps(data, indent=2))
+    paths[1].write_text(markdown(data))
+    plot(data, paths[2])
+    return paths

@@ -1,0 +1,551 @@
+"""The control-plane model shared by the emulator and the Tofino: what a SwitchML
+controller writes into a switch, and the session rules (PROTOCOL.md §5) that decide it.
+
+Theory of operation
+-------------------
+A SwitchML switch is programmed through a handful of tables (p4/README.md, "The
+control plane's part"):
+
+* the switch's own address: IPv4, MAC (ARP and ping replies; what UdpSession
+  returns) and, in the emulator, its data-plane UDP ports;
+* per job: num_workers, size code and a pool of P slots -- on a Tofino a range
+  ``[pool_base, pool_base + P)`` of the one register pool that all jobs share,
+  in the emulator arrays of its own;
+* the worker table: source ``(ipv4, udp_port)`` (port 0 = any port) -> job,
+  worker id, num_workers, multicast group;
+* the destination table: ``(job, worker id)`` -> ipv4, udp_port, mac, and per
+  job the multicast group of those destinations;
+* drop simulation: the probability of dropping a packet on ingress and a result
+  on egress (as p4app-switchML's controller sets it), for testing loss recovery.
+
+A :class:`Target` writes those tables and decides nothing: it allocates what its
+hardware needs (job entries, slot ranges, multicast groups), says whether it has
+room, and reports what it holds. :class:`SessionController` holds every rule of
+§5 -- validation, rank 0 replacing the session and fixing its parameters, other
+ranks agreeing with it, a rank registering again replacing its address, an
+address belonging to one worker of one job -- and drives any target with the
+same calls. Two targets exist:
+
+* :class:`EmulatorTarget` (below), over a :class:`swemu.engine.SwitchEngine`;
+* ``p4.controller.TofinoTarget``, over BF Runtime and the mirror P4 program.
+
+Both answer :meth:`Target.read_state` in one normalised form, in session terms
+(see :func:`table_state`), so that one registration sequence applied to both
+can be compared entry for entry; what only one target has (job indices, slot
+ranges, multicast group ids) is kept apart under the ``"target"`` key.
+
+This module imports nothing heavy (no numpy, no Numba): a hardware controller
+runs it on the switch's CPU next to the SDE's Python.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from .engine import Job, SwitchEngine
+
+log = logging.getLogger("swemu.controller")
+
+INVALID_ARGUMENT = "INVALID_ARGUMENT"
+RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+
+#: Size codes PROTOCOL.md §1 defines (a request above is refused whatever the target).
+SIZE_CODES = range(8)
+#: Bits of the worker bitmap: the most workers any SwitchML job can have.
+BITMAP_WORKERS = 32
+
+
+class RegistrationError(Exception):
+    """A refused control-plane request; ``code`` names the gRPC status to answer."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code  # INVALID_ARGUMENT or RESOURCE_EXHAUSTED
+        self.message = message
+
+
+# ----------------------------------------------------------------------------- model
+@dataclass(frozen=True)
+class SwitchAddress:
+    """Where workers reach the switch: what UdpSession answers, what ARP resolves."""
+
+    ipv4: int
+    mac: int = 0
+    data_ports: tuple[int, ...] = ()  # empty: the port the worker was configured with
+
+
+@dataclass(frozen=True)
+class DropSimulation:
+    """Simulated loss: the probability of dropping a worker's packet on ingress and
+    each result copy on egress. p4app-switchML quantises them to 16 bits
+    (``int(0xFFFF * p)``); :meth:`threshold` gives that value."""
+
+    ingress: float = 0.0
+    egress: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("ingress", "egress"):
+            p = getattr(self, name)
+            if not 0.0 <= p <= 1.0:
+                raise ValueError(f"{name} drop probability must be in [0, 1], got {p}")
+
+    @property
+    def active(self) -> bool:
+        return self.ingress > 0.0 or self.egress > 0.0
+
+    @staticmethod
+    def threshold(p: float) -> int:
+        """A 16-bit random number below this is a drop (p4app-switchML's encoding)."""
+        return int(0xFFFF * p)
+
+
+@dataclass(frozen=True)
+class JobParams:
+    """What rank 0's UdpSession fixes for a session (PROTOCOL.md §5)."""
+
+    session_id: int
+    num_workers: int
+    size_code: int
+    pool_size: int
+
+
+@dataclass(frozen=True)
+class WorkerAddress:
+    """A worker's address: it sends from it and gets results there (udp_port 0: any
+    source port, results to the triggering packet's source port)."""
+
+    ipv4: int
+    udp_port: int = 0
+    mac: int = 0
+
+
+@dataclass(frozen=True)
+class TargetLimits:
+    """What a target can hold per job; requests beyond are INVALID_ARGUMENT."""
+
+    max_workers: int
+    max_pool_size: int
+    default_pool_size: int  # what a request with pool_size 0 gets
+    size_codes: frozenset[int]
+
+
+@dataclass
+class Session:
+    """The controller's record of one registered session."""
+
+    params: JobParams
+    handle: Any  # the target's job (an engine Job, a Tofino job entry, ...)
+    workers: dict[int, WorkerAddress] = field(default_factory=dict)  # rank -> address
+
+    @property
+    def session_id(self) -> int:
+        return self.params.session_id
+
+
+class Target(Protocol):
+    """The tables of a SwitchML switch, written by :class:`SessionController`.
+
+    A target checks nothing about sessions: the controller calls it only with
+    writes that follow §5 (an address is free before :meth:`set_worker`, a rank
+    is removed before it is set again, ...). Methods that may refuse return the
+    :class:`RegistrationError` to raise instead of raising it, so that the
+    controller can ask every question before it changes anything.
+    """
+
+    @property
+    def limits(self) -> TargetLimits: ...
+
+    def set_switch_address(self, address: SwitchAddress) -> None:
+        """Install the switch's address (ARP/ping entries on hardware)."""
+
+    def room_for_job(self, job: JobParams, replacing: Any | None) -> RegistrationError | None:
+        """None if ``job`` fits once ``replacing`` (a handle, or None) is gone."""
+
+    def check_worker(self, worker: WorkerAddress) -> RegistrationError | None:
+        """None if the target can reach ``worker`` (hardware: a port and a MAC)."""
+
+    def create_job(self, job: JobParams, *, now: float) -> Any:
+        """Allocate a job with a fresh (zeroed) pool and no workers; return its handle."""
+
+    def delete_job(self, handle: Any, *, why: str) -> None:
+        """Remove a job, its workers' entries and its pool (``why``: replaced/explicit)."""
+
+    def set_worker(self, handle: Any, rank: int, worker: WorkerAddress, *, now: float) -> None:
+        """Add worker ``rank`` of a job: worker-table entry, destination, group member."""
+
+    def remove_worker(self, handle: Any, rank: int) -> None:
+        """Remove what :meth:`set_worker` added for ``rank``."""
+
+    def set_drop_simulation(self, drops: DropSimulation) -> None:
+        """Set the simulated loss (hardware without a drop simulator refuses)."""
+
+    def watch_releases(self, callback: Callable[[Any], None]) -> None:
+        """Call ``callback(handle)`` whenever the target frees a job by itself (the
+        emulator's idle timeout); a target that never does may ignore it."""
+
+    def read_state(self) -> dict[str, Any]:
+        """The tables as :func:`table_state` builds them (tests, inspection)."""
+
+
+# ----------------------------------------------------------------------------- state
+def ipv4_str(ip: int) -> str:
+    return str(ipaddress.IPv4Address(ip))
+
+
+def mac_str(mac: int) -> str:
+    return ":".join(f"{(mac >> s) & 0xFF:02x}" for s in range(40, -8, -8))
+
+
+def table_state(
+    *,
+    switch: SwitchAddress | None,
+    drops: DropSimulation,
+    jobs: dict[int, JobParams],
+    workers: list[tuple[int, int, int, int]],
+    destinations: list[tuple[int, int, WorkerAddress]],
+    multicast: dict[int, list[int]],
+    target: dict[str, Any],
+) -> dict[str, Any]:
+    """The normalised table state both targets report.
+
+    ``workers`` are worker-table entries ``(ipv4, udp_port, session_id, worker_id)``
+    (num_workers is the job's), ``destinations`` are ``(session_id, worker_id,
+    address)``, ``multicast`` maps a session to the worker ids of its group.
+    Lists are sorted, so that equal tables give equal dicts.
+    """
+    return {
+        "switch": None
+        if switch is None
+        else {
+            "ipv4": ipv4_str(switch.ipv4),
+            "mac": mac_str(switch.mac),
+            "data_ports": list(switch.data_ports),
+        },
+        "drop_simulation": {"ingress": drops.ingress, "egress": drops.egress},
+        "jobs": {
+            sid: {"num_workers": p.num_workers, "size_code": p.size_code, "pool_size": p.pool_size}
+            for sid, p in sorted(jobs.items())
+        },
+        "workers": [
+            {
+                "ipv4": ipv4_str(ip),
+                "udp_port": port,
+                "session_id": sid,
+                "worker_id": w,
+                "num_workers": jobs[sid].num_workers,
+            }
+            for ip, port, sid, w in sorted(workers)
+        ],
+        "destinations": [
+            {
+                "session_id": sid,
+                "worker_id": w,
+                "ipv4": ipv4_str(a.ipv4),
+                "udp_port": a.udp_port,
+                "mac": mac_str(a.mac),
+            }
+            for sid, w, a in sorted(destinations, key=lambda d: (d[0], d[1]))
+        ],
+        "multicast": {sid: sorted(ranks) for sid, ranks in sorted(multicast.items())},
+        "target": target,
+    }
+
+
+# ----------------------------------------------------------------------------- rules
+class SessionController:
+    """PROTOCOL.md §5 on top of a :class:`Target`: the one place its rules live.
+
+    Every request is checked completely before anything is written, so a refused
+    request leaves the switch as it was.
+    """
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.sessions: dict[int, Session] = {}
+        self._owner: dict[tuple[int, int], tuple[int, int]] = {}  # (ip, port) -> (sid, rank)
+        self.switch: SwitchAddress | None = None
+        self.drops = DropSimulation()
+        target.watch_releases(self._released)
+
+    # -------------------------------------------------------------- switch-wide
+    def set_switch_address(
+        self, ipv4: int, mac: int = 0, data_ports: tuple[int, ...] | list[int] = ()
+    ) -> SwitchAddress:
+        """Set the address UdpSession answers with (and the target's ARP entries)."""
+        if not 0 < ipv4 < (1 << 32):
+            raise ValueError(f"switch ipv4 {ipv4} is not a usable IPv4 address")
+        if not 0 <= mac < (1 << 48):
+            raise ValueError(f"switch mac {mac:#x} is not a 48-bit MAC address")
+        address = SwitchAddress(ipv4, mac, tuple(int(p) for p in data_ports))
+        self.target.set_switch_address(address)
+        self.switch = address
+        return address
+
+    def set_drop_simulation(self, ingress: float = 0.0, egress: float = 0.0) -> DropSimulation:
+        """Set the simulated loss; ValueError for a probability outside [0, 1]."""
+        drops = DropSimulation(ingress, egress)
+        self.target.set_drop_simulation(drops)
+        self.drops = drops
+        return drops
+
+    # ------------------------------------------------------------------ sessions
+    def register(
+        self,
+        *,
+        session_id: int,
+        rank: int,
+        num_workers: int,
+        ipv4: int,
+        udp_port: int = 0,
+        packet_size: int = 1,
+        pool_size: int = 0,
+        mac: int = 0,
+        now: float = 0.0,
+    ) -> Session:
+        """Register worker ``rank`` of a session (UdpSession); raise RegistrationError.
+
+        Rank 0 replaces the session (its registrations and slot state go) and fixes
+        num_workers, packet_size and pool_size; other ranks must match them. A rank
+        registering again replaces its address; an address registered again leaves
+        whichever worker of whichever job held it.
+        """
+        limits = self.target.limits
+        bad = INVALID_ARGUMENT
+        if session_id == 0:
+            raise RegistrationError(bad, "session_id must be non-zero")
+        if packet_size not in SIZE_CODES:
+            raise RegistrationError(bad, f"packet_size {packet_size} is not a size code 0..7")
+        if packet_size not in limits.size_codes:
+            codes = ", ".join(map(str, sorted(limits.size_codes)))
+            raise RegistrationError(
+                bad, f"packet_size {packet_size} is not supported by this switch (it has: {codes})"
+            )
+        if not 1 <= num_workers <= limits.max_workers:
+            raise RegistrationError(
+                bad, f"num_workers {num_workers} must be in 1..{limits.max_workers}"
+            )
+        if not 0 <= rank < num_workers:
+            raise RegistrationError(bad, f"rank {rank} must be in 0..{num_workers - 1}")
+        if not 0 <= udp_port <= 0xFFFF:
+            raise RegistrationError(bad, f"udp_port {udp_port} must be in 0..65535")
+        if not 0 < ipv4 < (1 << 32):
+            raise RegistrationError(bad, f"ipv4 {ipv4} is not a usable IPv4 address")
+        if not 0 <= mac < (1 << 48):
+            raise RegistrationError(bad, f"mac {mac:#x} is not a 48-bit MAC address")
+        if pool_size > limits.max_pool_size:
+            raise RegistrationError(
+                bad,
+                f"pool_size {pool_size} exceeds this switch's per-job limit of "
+                f"{limits.max_pool_size}",
+            )
+        params = JobParams(
+            session_id, num_workers, packet_size, pool_size or limits.default_pool_size
+        )
+        worker = WorkerAddress(ipv4, udp_port, mac)
+        session = self.sessions.get(session_id)
+        if rank == 0:
+            refusal = self.target.room_for_job(params, session.handle if session else None)
+            if refusal is not None:
+                raise refusal
+        elif session is None:
+            raise RegistrationError(
+                bad, f"session {session_id} has no rank 0 registration; rank 0 registers first"
+            )
+        elif params != session.params:
+            have = session.params
+            raise RegistrationError(
+                bad,
+                f"rank {rank} asks for num_workers={num_workers}, packet_size={packet_size}, "
+                f"pool_size={params.pool_size} but rank 0 registered "
+                f"num_workers={have.num_workers}, packet_size={have.size_code}, "
+                f"pool_size={have.pool_size}",
+            )
+        refusal = self.target.check_worker(worker)
+        if refusal is not None:
+            raise refusal
+
+        # every check passed: write
+        if rank == 0:
+            if session is not None:
+                self._delete(session, "replaced")
+            session = Session(params, self.target.create_job(params, now=now))
+            self.sessions[session_id] = session
+        assert session is not None
+        self._place(session, rank, worker, now)
+        return session
+
+    def release(self, session_id: int) -> bool:
+        """Remove a session and free its pool; False if it does not exist."""
+        session = self.sessions.get(session_id)
+        if session is None:
+            return False
+        self._delete(session, "explicit")
+        return True
+
+    def owner_of(self, ipv4: int, udp_port: int) -> tuple[int, int] | None:
+        """``(session_id, rank)`` registered at exactly this address, or None."""
+        return self._owner.get((ipv4, udp_port))
+
+    def read_state(self) -> dict[str, Any]:
+        """The target's tables (see :func:`table_state`)."""
+        return self.target.read_state()
+
+    # ------------------------------------------------------------------ helpers
+    def _place(self, session: Session, rank: int, worker: WorkerAddress, now: float) -> None:
+        """Put ``rank`` at ``worker``: the address leaves its previous holder, the rank
+        leaves its previous address."""
+        addr = (worker.ipv4, worker.udp_port)
+        holder = self._owner.get(addr)
+        if holder is not None:
+            other = self.sessions[holder[0]]
+            del other.workers[holder[1]]
+            del self._owner[addr]
+            self.target.remove_worker(other.handle, holder[1])
+        previous = session.workers.pop(rank, None)
+        if previous is not None:
+            del self._owner[(previous.ipv4, previous.udp_port)]
+            self.target.remove_worker(session.handle, rank)
+        session.workers[rank] = worker
+        self._owner[addr] = (session.session_id, rank)
+        self.target.set_worker(session.handle, rank, worker, now=now)
+
+    def _forget(self, session: Session) -> None:
+        del self.sessions[session.session_id]
+        for w in session.workers.values():
+            self._owner.pop((w.ipv4, w.udp_port), None)
+
+    def _delete(self, session: Session, why: str) -> None:
+        self._forget(session)
+        self.target.delete_job(session.handle, why=why)
+
+    def _released(self, handle: Any) -> None:
+        """The target freed a job by itself (idle timeout): forget the session."""
+        for session in list(self.sessions.values()):
+            if session.handle is handle:
+                self._forget(session)
+
+
+# ----------------------------------------------------------------------------- emulator
+class EmulatorTarget:
+    """The model's tables in a :class:`swemu.engine.SwitchEngine`: each job gets
+    arrays of its own, the worker table is the engine's sorted address table, the
+    destinations are its ``dst_ip``/``dst_port`` rows (a job's multicast group is
+    every rank with a destination)."""
+
+    def __init__(self, engine: SwitchEngine) -> None:
+        self.engine = engine
+
+    @property
+    def limits(self) -> TargetLimits:
+        cfg = self.engine.config
+        return TargetLimits(
+            max_workers=cfg.max_workers,
+            max_pool_size=cfg.pool_size,
+            default_pool_size=cfg.pool_size,
+            size_codes=frozenset(SIZE_CODES),
+        )
+
+    def set_switch_address(self, address: SwitchAddress) -> None:
+        self.engine.switch_address = address
+
+    def room_for_job(self, job: JobParams, replacing: Job | None) -> RegistrationError | None:
+        from .engine import pool_bytes
+
+        eng, cfg = self.engine, self.engine.config
+        need = pool_bytes(job.pool_size, job.size_code)
+        in_use = eng.memory_in_use - (replacing.memory if replacing is not None else 0)
+        if in_use + need > cfg.max_pool_memory:
+            return RegistrationError(
+                RESOURCE_EXHAUSTED,
+                f"a pool of {job.pool_size} slots at size code {job.size_code} needs {need} "
+                f"bytes; {in_use} of the switch's {cfg.max_pool_memory} bytes are in use "
+                f"(--max-pool-memory)",
+            )
+        if eng.free_job_entries + (replacing is not None) == 0:
+            return RegistrationError(
+                RESOURCE_EXHAUSTED, f"all {cfg.max_jobs} job entries of the switch are in use"
+            )
+        return None
+
+    def check_worker(self, worker: WorkerAddress) -> RegistrationError | None:
+        return None  # the emulator answers any address the socket can reach
+
+    def create_job(self, job: JobParams, *, now: float) -> Job:
+        return self.engine.create_job(
+            job.session_id, job.num_workers, job.size_code, job.pool_size, now
+        )
+
+    def delete_job(self, handle: Job, *, why: str) -> None:
+        self.engine.drop_job(handle, why)
+
+    def set_worker(self, handle: Job, rank: int, worker: WorkerAddress, *, now: float) -> None:
+        self.engine.set_worker(handle, rank, worker.ipv4, worker.udp_port, worker.mac)
+        self.engine.touch(handle, now)  # registering counts as activity for the idle timer
+
+    def remove_worker(self, handle: Job, rank: int) -> None:
+        self.engine.remove_worker(handle, rank)
+
+    def set_drop_simulation(self, drops: DropSimulation) -> None:
+        """The emulator's fault injection does it: ``loss_in`` drops a worker's packet
+        after the lookup, ``loss_out`` each result copy; switch-wide (every job now
+        and later), leaving the other fault settings alone."""
+        from .kernels import P_LOSS_IN, P_LOSS_OUT
+
+        eng = self.engine
+        eng.fault_defaults[P_LOSS_IN] = drops.ingress
+        eng.fault_defaults[P_LOSS_OUT] = drops.egress
+        for job in eng.jobs.values():
+            eng.faults[job.index, :, P_LOSS_IN] = drops.ingress
+            eng.faults[job.index, :, P_LOSS_OUT] = drops.egress
+
+    def watch_releases(self, callback: Callable[[Any], None]) -> None:
+        self.engine.release_hooks.append(callback)
+
+    def read_state(self) -> dict[str, Any]:
+        """Decoded from the arrays the data-plane kernel reads, not from bookkeeping."""
+        eng = self.engine
+        by_index = {job.index: job for job in eng.jobs.values()}
+        jobs = {
+            job.session_id: JobParams(
+                job.session_id,
+                int(eng.job_workers[j]),
+                int(eng.job_code[j]),
+                int(eng.job_pool[j]),
+            )
+            for j, job in by_index.items()
+        }
+        workers = []
+        for key, val in zip(eng.addr_keys.tolist(), eng.addr_vals.tolist()):
+            job = by_index[val // BITMAP_WORKERS]
+            workers.append((key >> 16, key & 0xFFFF, job.session_id, val % BITMAP_WORKERS))
+        destinations, multicast = [], {}
+        for j, job in by_index.items():
+            ranks = [w for w in range(BITMAP_WORKERS) if eng.dst_port[j, w] >= 0]
+            multicast[job.session_id] = ranks
+            for w in ranks:
+                address = WorkerAddress(
+                    int(eng.dst_ip[j, w]), int(eng.dst_port[j, w]), job.macs.get(w, 0)
+                )
+                destinations.append((job.session_id, w, address))
+        from .kernels import P_LOSS_IN, P_LOSS_OUT
+
+        defaults = eng.fault_defaults
+        drops = DropSimulation(float(defaults[P_LOSS_IN]), float(defaults[P_LOSS_OUT]))
+        return table_state(
+            switch=eng.switch_address,
+            drops=drops,
+            jobs=jobs,
+            workers=workers,
+            destinations=destinations,
+            multicast=multicast,
+            target={
+                "kind": "emulator",
+                "job_index": {job.session_id: j for j, job in sorted(by_index.items())},
+                "memory_in_use": eng.memory_in_use,
+            },
+        )
