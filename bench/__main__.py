@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 
-def _list(kind):  # noqa: ANN001, ANN202
+def _list(kind):
     def parse(text: str) -> list:
         from cli.terminal import parse_size
 
@@ -41,8 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "allreduce":
         from .allreduce import markdown, run, write_outputs
 
-        data = run(args.workers, args.sizes, args.codes, args.reps,
-                   log=lambda m: print(m, file=sys.stderr))  # fmt: skip
+        data = run(
+            args.workers, args.sizes, args.codes, args.reps, log=lambda m: print(m, file=sys.stderr)
+        )
         paths = write_outputs(data, args.out)
         print(markdown(data))
         print("written: " + ", ".join(map(str, paths)), file=sys.stderr)
@@ -55,8 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     for code in args.size_codes:
         r = run_switch(args.workers, code, args.window, args.reps, args.seconds)
         rows.append(r)
-        print(f"{r['packet_bytes']:>6} B: aggregation {r['agg_pps'] / 1e3:7.0f} kpkt/s, "
-              f"echo {r['echo_pps'] / 1e3:7.0f} kpkt/s, ratio {r['ratio']:.2f}")  # fmt: skip
+        print(
+            f"{r['packet_bytes']:>6} B: aggregation {r['agg_pps'] / 1e3:7.0f} kpkt/s, "
+            f"echo {r['echo_pps'] / 1e3:7.0f} kpkt/s, ratio {r['ratio']:.2f}"
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "switch.json").write_text(json.dumps(rows, indent=2))
     return 0

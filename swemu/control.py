@@ -1,10 +1,15 @@
 """gRPC control plane (PROTOCOL.md §5) on grpc.aio: Session.UdpSession, Sync.*.
 
 A thin adapter: every rule of registration lives in
-:meth:`swemu.engine.SwitchEngine.register`; this module turns requests into
-calls and :class:`~swemu.engine.RegistrationError` into gRPC status codes.
-Barrier and Broadcast are rendezvous helpers kept here because they only
-involve waiting callers, never switch state.
+:class:`swemu.controller.SessionController`; this module turns requests into
+its calls and :class:`~swemu.controller.RegistrationError` into gRPC status
+codes. The same services serve the emulator (a controller over an
+``EmulatorTarget``) and a Tofino (``p4/controller/switchml_ctl.py``, a controller
+over a ``TofinoTarget``). Barrier and Broadcast are rendezvous helpers kept here
+because they only involve waiting callers, never switch state.
+
+Nothing here imports the engine (numpy, Numba): a hardware controller runs it
+with the SDE's Python.
 """
 
 from __future__ import annotations
@@ -15,12 +20,16 @@ import ipaddress
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import grpc
 
-from .engine import RegistrationError, SwitchEngine
+from .controller import RegistrationError, SessionController
 from .proto import switchml_pb2 as pb
 from .proto import switchml_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    from .engine import SwitchEngine
 
 log = logging.getLogger("swemu.control")
 
@@ -40,31 +49,43 @@ def _peer_ipv4(context: grpc.aio.ServicerContext) -> int:
 
 
 class SessionService(pb_grpc.SessionServicer):
-    """UdpSession: registers workers in the engine; RdmaSession is not emulated."""
+    """UdpSession through a :class:`SessionController`; RdmaSession is not implemented.
+
+    ``controller`` may be an emulator's :class:`~swemu.engine.SwitchEngine`, which
+    stands for its own controller (``engine.controller``). ``switch_ipv4`` (with
+    ``switch_mac`` and ``data_ports``) sets the address the controller answers
+    with; leave it out when the controller already has one.
+    """
 
     def __init__(
         self,
-        engine: SwitchEngine,
+        controller: SessionController | SwitchEngine,
         *,
-        switch_ipv4: int,
-        switch_mac: int,
+        switch_ipv4: int | None = None,
+        switch_mac: int = 0,
         data_ports: list[int] | None = None,
         clock: Callable[[], float],
         on_register: Callable[[int, int], None] | None = None,
     ) -> None:
-        self.engine = engine
-        self.switch_ipv4 = switch_ipv4
-        self.switch_mac = switch_mac
-        self.data_ports = list(data_ports or [])
+        if not isinstance(controller, SessionController):
+            controller = controller.controller
+        self.controller = controller
+        if switch_ipv4 is not None:
+            controller.set_switch_address(switch_ipv4, switch_mac, tuple(data_ports or ()))
         self.clock = clock
         self.on_register = on_register
 
     async def UdpSession(
         self, request: pb.UdpSessionRequest, context: grpc.aio.ServicerContext
     ) -> pb.UdpSessionResponse:
+        switch = self.controller.switch
+        if switch is None:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "the controller has no switch address configured"
+            )
         ipv4 = request.ipv4 or _peer_ipv4(context)
         try:
-            job = self.engine.register(
+            session = self.controller.register(
                 session_id=request.session_id,
                 rank=request.rank,
                 num_workers=request.num_workers,
@@ -72,6 +93,7 @@ class SessionService(pb_grpc.SessionServicer):
                 udp_port=request.udp_port,
                 packet_size=int(request.packet_size),
                 pool_size=request.pool_size,
+                mac=request.mac,
                 now=self.clock(),
             )
         except RegistrationError as exc:
@@ -83,23 +105,28 @@ class SessionService(pb_grpc.SessionServicer):
             )
             await context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
             raise  # unreachable: abort raises
+        except Exception as exc:  # the target failed (a BF Runtime error on hardware)
+            log.exception("UdpSession(session=%d rank=%d) failed", request.session_id, request.rank)
+            await context.abort(grpc.StatusCode.INTERNAL, f"the switch refused a write: {exc}")
+            raise  # unreachable: abort raises
+        params = session.params
         log.info(
             "session %d: rank %d/%d at %s:%d (size code %d, pool %d)",
-            job.session_id,
+            params.session_id,
             request.rank,
-            job.num_workers,
+            params.num_workers,
             ipaddress.IPv4Address(ipv4),
             request.udp_port,
-            job.size_code,
-            job.pool_size,
+            params.size_code,
+            params.pool_size,
         )
         if self.on_register is not None:
-            self.on_register(job.session_id, request.rank)
+            self.on_register(params.session_id, request.rank)
         return pb.UdpSessionResponse(
             session_id=request.session_id,
-            mac=self.switch_mac,
-            ipv4=self.switch_ipv4,
-            data_ports=self.data_ports,
+            mac=switch.mac,
+            ipv4=switch.ipv4,
+            data_ports=list(switch.data_ports),
         )
 
 

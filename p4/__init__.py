@@ -1,0 +1,4 @@
+"""The mirror P4 program's directory; ``p4.controller`` is its hardware control plane.
+
+Not part of the wheel: import it with the repository on the path.
+"""

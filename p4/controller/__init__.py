@@ -1,0 +1,26 @@
+"""The hardware controller of p4/switchml.p4: the control-plane model of
+:mod:`swemu.controller` written through BF Runtime.
+
+* :class:`TofinoTarget` (``bfrt_target``): the model's tables on a Tofino;
+* :class:`RecordingBfrt` (``recording_bfrt``): the BF Runtime client in memory,
+  checked against the P4 source (tests, the dry run);
+* ``switchml_ctl.py``: the controller process, serving PROTOCOL.md §5's gRPC API.
+"""
+
+from __future__ import annotations
+
+from .bfrt_target import TofinoJob, TofinoTarget, WorkerPort
+from .p4_schema import TableSchema, load_schema
+from .recording_bfrt import BfrtError, RecordingBfrt, Write, format_write
+
+__all__ = [
+    "BfrtError",
+    "RecordingBfrt",
+    "TableSchema",
+    "TofinoJob",
+    "TofinoTarget",
+    "WorkerPort",
+    "Write",
+    "format_write",
+    "load_schema",
+]

@@ -1,0 +1,250 @@
+"""The BF Runtime names of p4/switchml.p4, read from the P4 source itself.
+
+bf-p4c writes the program's BF Runtime schema (``bf-rt.json``) when it compiles;
+no bf-p4c exists here, so this module derives the part a controller needs from
+the ``.p4`` files with a few regular expressions: every table the control plane
+can write (full name, key fields and match kinds, actions and their data
+fields with widths, size), every register (index range, data fields) and
+counter, plus the fixed ``$pre.*`` tables of the packet replication engine. It
+follows bf-p4c's naming: ``pipe.<Ingress|Egress>.<instance path>.<name>`` for
+tables, ``<Ingress|Egress>.<instance path>.<action>`` for actions, ``$valid``
+for an ``isValid()`` key, ``<register path>.<field>`` for a struct register's
+fields and ``<register path>.f1`` for a plain one.
+
+:class:`p4.controller.recording_bfrt.RecordingBfrt` checks every write against
+it, so that the Tofino target cannot name a table, field or action the program
+does not have, or write a value wider than its field.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+P4_DIR = Path(__file__).resolve().parent.parent
+
+#: TNA types the program uses without declaring them (tofino1_base.p4).
+TNA_WIDTHS = {"PortId_t": 9, "MulticastGroupId_t": 16, "bool": 1}
+#: Fields of TNA intrinsic metadata used as keys.
+TNA_FIELD_WIDTHS = {"eg_intr_md.egress_rid": 16, "ig_intr_md.ingress_port": 9}
+#: Control parameters that are the program's own structs.
+ROOT_TYPES = {"hdr": "header_t", "ig_md": "ingress_metadata_t", "eg_md": "egress_metadata_t"}
+#: Pipeline controls of switchml.p4 and the gress name BF Runtime gives each.
+PIPELINE_CONTROLS = {"Ingress": "Ingress", "Egress": "Egress"}
+
+
+@dataclass
+class TableSchema:
+    """One BF Runtime table: a match table, a register, a counter or a PRE table."""
+
+    name: str
+    kind: str  # "match", "register", "counter", "pre"
+    size: int
+    keys: dict[str, str] = field(default_factory=dict)  # key field -> match kind
+    key_widths: dict[str, int] = field(default_factory=dict)
+    actions: dict[str, dict[str, int]] = field(default_factory=dict)  # action -> {param: width}
+    data_fields: dict[str, int] = field(default_factory=dict)  # registers, counters, PRE
+    const_entries: bool = False  # the program fixes the entries: not writable
+
+    @property
+    def writable(self) -> bool:
+        return self.kind != "counter" and not self.const_entries
+
+
+def _strip_comments(text: str) -> str:
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    return re.sub(r"//[^\n]*", "", text)
+
+
+def _block(text: str, start: int) -> str:
+    """The text between the brace at or after ``start`` and its matching brace."""
+    i = text.index("{", start)
+    depth = 0
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1 : j]
+    raise ValueError("unbalanced braces in the P4 source")
+
+
+class P4Program:
+    """The P4 sources of a directory, with constants, types and controls resolved."""
+
+    def __init__(self, directory: Path | str = P4_DIR) -> None:
+        files = sorted(Path(directory).glob("*.p4"))
+        if not files:
+            raise FileNotFoundError(f"no .p4 files in {directory}")
+        self.text = "\n".join(_strip_comments(p.read_text()) for p in files)
+        self.defines = {
+            m.group(1): m.group(2).strip()
+            for m in re.finditer(r"^\s*#define\s+(\w+)[ \t]+([^\n(][^\n]*)$", self.text, re.M)
+        }
+        self.consts = {
+            m.group(1): m.group(2).strip()
+            for m in re.finditer(r"\bconst\s+\w+(?:<[^>]*>)?\s+(\w+)\s*=\s*([^;]+);", self.text)
+        }
+        self.typedefs = {
+            m.group(2): m.group(1)
+            for m in re.finditer(r"\btypedef\s+(?:bit|int)<([^>]+)>\s+(\w+)\s*;", self.text)
+        }
+        # structs and headers: name -> [(member type, member name)]
+        self.structs = {
+            m.group(2): re.findall(r"([A-Za-z_]\w*(?:<[^>]*>)?)\s+(\w+)\s*;", m.group(3))
+            for m in re.finditer(r"\b(struct|header)\s+(\w+)\s*\{([^}]*)\}", self.text)
+        }
+        self.controls = {
+            m.group(1): _block(self.text, m.end())
+            for m in re.finditer(r"\bcontrol\s+(\w+)\s*\(", self.text)
+        }
+
+    def value(self, expr: str) -> int:
+        """A constant expression of literals, macros and consts (+ - * << >> parentheses)."""
+        for _ in range(10):
+            new = re.sub(
+                r"\b[A-Za-z_]\w*\b",
+                lambda m: (
+                    f"({self.defines.get(m.group(0), self.consts.get(m.group(0), m.group(0)))})"
+                ),
+                expr,
+            )
+            if new == expr:
+                break
+            expr = new
+        expr = re.sub(r"\b\d+w(0x[0-9a-fA-F]+|\d+)\b", r"\1", expr)
+        if not re.fullmatch(r"[\s\d()xXa-fA-F+\-*<>]+", expr):
+            raise ValueError(f"not a constant expression: {expr}")
+        return int(eval(expr, {"__builtins__": {}}))  # digits and operators only
+
+    def width(self, type_name: str) -> int:
+        """Bits of a ``bit<N>`` typedef, a ``bit<N>`` literal type or a TNA type."""
+        m = re.fullmatch(r"(?:bit|int)<(.+)>", type_name.strip())
+        if m:
+            return self.value(m.group(1))
+        if type_name in self.typedefs:
+            return self.value(self.typedefs[type_name])
+        if type_name in TNA_WIDTHS:
+            return TNA_WIDTHS[type_name]
+        raise KeyError(f"unknown type {type_name}")
+
+    def field_width(self, path: str) -> int | None:
+        """Bits of a key field (``hdr.ipv4.src_addr``, ``hdr.arp.$valid``), or None
+        for a field of an intrinsic metadata type this reader does not know."""
+        if path.endswith(".$valid"):
+            return 1
+        root, *members = path.split(".")
+        type_name = ROOT_TYPES.get(root)
+        if type_name is None:
+            return TNA_FIELD_WIDTHS.get(path)
+        for member in members:
+            types = dict((n, t) for t, n in self.structs.get(type_name, []))
+            if member not in types:
+                return None
+            type_name = types[member]
+        return self.width(type_name)
+
+    # ------------------------------------------------------------------ schema
+    def schema(self) -> dict[str, TableSchema]:
+        """Every table BF Runtime would expose for this program, by full name."""
+        tables: dict[str, TableSchema] = {}
+        for control, gress in PIPELINE_CONTROLS.items():
+            self._collect(control, gress, gress, tables)
+        tables["$pre.mgid"] = TableSchema(
+            "$pre.mgid",
+            "pre",
+            size=1 << 16,
+            keys={"$MGID": "exact"},
+            key_widths={"$MGID": 16},
+            data_fields={
+                "$MULTICAST_NODE_ID": 32,
+                "$MULTICAST_NODE_L1_XID_VALID": 1,
+                "$MULTICAST_NODE_L1_XID": 16,
+            },
+        )
+        tables["$pre.node"] = TableSchema(
+            "$pre.node",
+            "pre",
+            size=1 << 24,
+            keys={"$MULTICAST_NODE_ID": "exact"},
+            key_widths={"$MULTICAST_NODE_ID": 32},
+            data_fields={"$MULTICAST_RID": 16, "$MULTICAST_LAG_ID": 8, "$DEV_PORT": 9},
+        )
+        return tables
+
+    def _collect(self, control: str, gress: str, path: str, out: dict[str, TableSchema]) -> None:
+        body = self.controls[control]
+        # sub-control instances: `WorkerLookup() worker_lookup;`
+        for m in re.finditer(r"^\s*(\w+)\s*\(\s*\)\s*(\w+)\s*;", body, re.M):
+            if m.group(1) in self.controls:
+                self._collect(m.group(1), gress, f"{path}.{m.group(2)}", out)
+        actions = self._actions(body)
+        for m in re.finditer(r"\btable\s+(\w+)\s*\{", body):
+            tbody = _block(body, m.start())
+            key_text = re.search(r"\bkey\s*=\s*\{([^}]*)\}", tbody)
+            keys = {}
+            for km in re.finditer(
+                r"([\w.()]+?)\s*:\s*(\w+)\s*;", key_text.group(1) if key_text else ""
+            ):
+                keys[re.sub(r"\.isValid\(\)$", ".$valid", km.group(1))] = km.group(2)
+            action_list = re.search(r"\bactions\s*=\s*\{([^}]*)\}", tbody)
+            names = re.findall(
+                r"(?:@\w+\s+)?(\w+)\s*;", action_list.group(1) if action_list else ""
+            )
+            size = re.search(r"\bsize\s*=\s*([^;]+);", tbody)
+            out[f"pipe.{path}.{m.group(1)}"] = TableSchema(
+                f"pipe.{path}.{m.group(1)}",
+                "match",
+                size=self.value(size.group(1)) if size else 1024,
+                keys=keys,
+                key_widths={k: w for k in keys if (w := self.field_width(k)) is not None},
+                actions={
+                    ("NoAction" if a == "NoAction" else f"{path}.{a}"): actions.get(a, {})
+                    for a in names
+                },
+                const_entries=bool(re.search(r"\bconst\s+entries\b", tbody)),
+            )
+        for m in re.finditer(r"\bRegister<\s*(\w+)\s*,\s*\w+\s*>\s*\(([^)]*)\)\s*(\w+)\s*;", body):
+            value_type, size, name = m.groups()
+            reg = f"{path}.{name}"
+            if value_type in self.structs:
+                fields = {f"{reg}.{f}": self.width(t) for t, f in self.structs[value_type]}
+            else:
+                fields = {f"{reg}.f1": self.width(value_type)}
+            out[f"pipe.{reg}"] = TableSchema(
+                f"pipe.{reg}",
+                "register",
+                size=self.value(size),
+                keys={"$REGISTER_INDEX": "exact"},
+                key_widths={"$REGISTER_INDEX": 32},
+                data_fields=fields,
+            )
+        for m in re.finditer(r"\bCounter<.*?>\s*\(([^,]+),[^)]*\)\s*(\w+)\s*;", body):
+            out[f"pipe.{path}.{m.group(2)}"] = TableSchema(
+                f"pipe.{path}.{m.group(2)}",
+                "counter",
+                size=self.value(m.group(1)),
+                keys={"$COUNTER_INDEX": "exact"},
+                data_fields={"$COUNTER_SPEC_PKTS": 64, "$COUNTER_SPEC_BYTES": 64},
+            )
+
+    def _actions(self, body: str) -> dict[str, dict[str, int]]:
+        """Actions of a control body with their control-plane parameters (directionless
+        ones: ``in``/``out`` parameters are arguments of internal calls)."""
+        found = {}
+        for m in re.finditer(r"\baction\s+(\w+)\s*\(([^)]*)\)", body):
+            params = {}
+            for p in filter(None, (x.strip() for x in m.group(2).split(","))):
+                words = p.split()
+                if words[0] in ("in", "out", "inout"):
+                    continue
+                params[words[-1]] = self.width(" ".join(words[:-1]))
+            found[m.group(1)] = params
+        return found
+
+
+def load_schema(directory: Path | str = P4_DIR) -> dict[str, TableSchema]:
+    """The BF Runtime tables of the program in ``directory`` (default: this repository's)."""
+    return P4Program(directory).schema()
