@@ -1,4 +1,4 @@
-"""``python -m bench {allreduce,switch}``: the benchmarks, side by side in one run.
+"""``python -m bench {allreduce,loss,switch}``: the benchmarks, side by side in one run.
 
 Results go to ``--out`` (default ``bench/results/``, git-ignored) as JSON, a
 markdown table and a PNG plot.
@@ -29,6 +29,17 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--codes", type=_list(int), default=[1, 3, 6, 7])
     a.add_argument("--reps", type=int, default=5)
     a.add_argument("--out", type=Path, default=Path("bench/results"))
+    lo = sub.add_parser("loss", help="goodput under injected loss vs lossless")
+    lo.add_argument(
+        "--levels",
+        type=lambda t: [float(x) for x in t.split(",")],
+        default=[0.0, 0.001, 0.01, 0.05],
+    )
+    lo.add_argument("--workers", type=int, default=4)
+    lo.add_argument("--size", type=_list(None), default=[16 << 20])
+    lo.add_argument("--size-code", type=int, default=6)
+    lo.add_argument("--reps", type=int, default=5)
+    lo.add_argument("--out", type=Path, default=Path("bench/results"))
     s = sub.add_parser("switch", help="switch-only packets/s: aggregation vs echo")
     s.add_argument("--workers", type=int, default=4)
     s.add_argument("--size-codes", type=_list(int), default=[3, 6])
@@ -50,6 +61,22 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import json
 
+    if args.what == "loss":
+        from . import loss
+
+        data = loss.run(
+            args.levels,
+            args.workers,
+            args.size[0],
+            args.size_code,
+            args.reps,
+            log=lambda m: print(m, file=sys.stderr),
+        )
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "loss.json").write_text(json.dumps(data, indent=2))
+        (args.out / "loss.md").write_text(loss.markdown(data))
+        print(loss.markdown(data))
+        return 0
     from .switch import run as run_switch
 
     rows = []

@@ -47,25 +47,34 @@ def _free_port() -> int:
     return port
 
 
-def _worker(rank: int, w: int, switch: str, control: str, codes: list[int], master: int,
-            conn: Any) -> None:  # fmt: skip
-    """A benchmark worker: joins every method, then runs the driver's commands."""
+def _worker(
+    rank: int, w: int, targets: list[tuple[str, str, str, int]], master: int | None, conn: Any
+) -> None:
+    """A benchmark worker: joins every SwitchML target ``(name, switch, control,
+    size code)`` and, with ``master``, a gloo group; then runs the driver's
+    commands ``(method, bytes)`` and answers each with its time."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import torch
-    import torch.distributed as dist
-
     import hostlib
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{master}", rank=rank,
-                            world_size=w)  # fmt: skip
+    dist = torch = None
+    if master is not None:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{master}", rank=rank, world_size=w
+        )
     ctxs = {}
-    for code in codes:
-        ctxs[code] = hostlib.connect(switch, control, rank=rank, world_size=w, packet_size=code,
-                                     no_progress=60.0).open()  # fmt: skip
-        ctxs[code].allreduce(np.ones(4096, np.float32))  # warm up kernels and the path
+    for name, switch, control, code in targets:
+        ctxs[name] = hostlib.connect(
+            switch, control, rank=rank, world_size=w, packet_size=code, no_progress=60.0
+        ).open()
+        ctxs[name].allreduce(np.ones(4096, np.float32))  # warm up kernels and the path
     conn.send("ready")
-    arrays: dict[int, tuple[np.ndarray, np.ndarray, torch.Tensor]] = {}
+    arrays: dict[int, tuple] = {}
+    tick = np.zeros(1, np.int32)
+    first = next(iter(ctxs.values()), None)
     while True:
         cmd = conn.recv()
         if cmd is None:
@@ -74,9 +83,13 @@ def _worker(rank: int, w: int, switch: str, control: str, codes: list[int], mast
         if nbytes not in arrays:
             arrays.clear()
             x = np.random.default_rng(rank).standard_normal(nbytes // 4).astype(np.float32)
-            arrays[nbytes] = (x, np.empty_like(x), torch.from_numpy(x.copy()))
+            t = torch.from_numpy(x.copy()) if torch is not None else None
+            arrays[nbytes] = (x, np.empty_like(x), t)
         x, out, t = arrays[nbytes]
-        dist.barrier()
+        if dist is not None:
+            dist.barrier()
+        else:
+            first.allreduce(tick, out=tick)  # line the workers up through the switch
         t0 = time.perf_counter()
         if method == GLOO:
             dist.all_reduce(t)
@@ -84,14 +97,52 @@ def _worker(rank: int, w: int, switch: str, control: str, codes: list[int], mast
             dist.reduce(t, dst=0)
             dist.broadcast(t, src=0)
         else:
-            ctxs[int(method.split("-")[1])].allreduce(x, out=out)
+            ctxs[method].allreduce(x, out=out)
         dt = time.perf_counter() - t0
-        conn.send(dt)
+        stats = ctxs[method].last_stats if method in ctxs else {}
+        conn.send((dt, stats.get("retransmissions", 0)))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     conn.send({"peak_rss": peak})
     for c in ctxs.values():
         c.close()
-    dist.destroy_process_group()
+    if dist is not None:
+        dist.destroy_process_group()
+
+
+def start_group(w: int, targets: list[tuple[str, str, str, int]], gloo: bool) -> tuple:
+    """Start W benchmark workers; return (pipes, processes) once all are ready."""
+    ctx = mp.get_context("spawn")
+    master = _free_port() if gloo else None
+    pipes, procs = [], []
+    for r in range(w):
+        a, b = ctx.Pipe()
+        p = ctx.Process(target=_worker, args=(r, w, targets, master, b), daemon=True)
+        p.start()
+        pipes.append(a)
+        procs.append(p)
+    for a in pipes:
+        if not a.poll(300):
+            raise RuntimeError(f"W={w}: a worker did not start")
+        a.recv()
+    return pipes, procs
+
+
+def run_once(pipes: list, method: str, nbytes: int) -> tuple[float, int]:
+    """One collective call: (the slowest worker's time, retransmissions of all)."""
+    for a in pipes:
+        a.send((method, nbytes))
+    got = [a.recv() for a in pipes]
+    return max(t for t, _ in got), sum(r for _, r in got)
+
+
+def stop_group(pipes: list, procs: list) -> int:
+    """Stop the workers; return their largest peak RSS."""
+    for a in pipes:
+        a.send(None)
+    peaks = [a.recv()["peak_rss"] for a in pipes]
+    for p in procs:
+        p.join(30)
+    return max(peaks)
 
 
 def _rss(pid: int) -> int:
@@ -104,55 +155,40 @@ def _rss(pid: int) -> int:
     return 0
 
 
-def run(workers: list[int], sizes: list[int], codes: list[int], reps: int,
-        log=print) -> dict:  # fmt: skip
+def run(workers: list[int], sizes: list[int], codes: list[int], reps: int, log=print) -> dict:
     """Run the whole matrix; return the results as plain data."""
     from swemu.launch import EmulatorProcess
 
     methods = [f"switchml-{c}" for c in codes] + [GLOO, PS]
     results: list[dict] = []
     memory: dict[str, Any] = {}
-    ctx = mp.get_context("spawn")
     with EmulatorProcess("--max-pool-memory", "4GiB") as emu:
         memory["emulator_rss_start"] = _rss(emu.proc.pid)
+        targets = [(f"switchml-{c}", emu.switch, emu.control, c) for c in codes]
         for w in workers:
-            pipes, procs = [], []
-            master = _free_port()
-            for r in range(w):
-                a, b = ctx.Pipe()
-                p = ctx.Process(target=_worker, args=(r, w, emu.switch, emu.control, codes,
-                                                      master, b), daemon=True)  # fmt: skip
-                p.start()
-                pipes.append(a)
-                procs.append(p)
-            for a in pipes:
-                if not a.poll(300):
-                    raise RuntimeError(f"W={w}: a worker did not start")
-                a.recv()
+            pipes, procs = start_group(w, targets, gloo=True)
             times: dict[tuple[str, int], list[float]] = {}
             for rep in range(reps):
                 for size in sizes:
                     for m in methods:
-                        for a in pipes:
-                            a.send((m, size))
-                        t = max(a.recv() for a in pipes)
-                        times.setdefault((m, size), []).append(t)
+                        times.setdefault((m, size), []).append(run_once(pipes, m, size)[0])
                 log(f"W={w}: repetition {rep + 1}/{reps} done")
-            for a in pipes:
-                a.send(None)
-            peaks = [a.recv()["peak_rss"] for a in pipes]
-            for p in procs:
-                p.join(30)
-            memory[f"worker_peak_rss_W{w}"] = max(peaks)
+            memory[f"worker_peak_rss_W{w}"] = stop_group(pipes, procs)
             for size in sizes:
                 gloo = statistics.median(times[(GLOO, size)])
                 for m in methods:
                     med = statistics.median(times[(m, size)])
-                    results.append({
-                        "workers": w, "bytes": size, "method": m, "median_s": med,
-                        "all_s": times[(m, size)], "goodput_gbps": size * 8 / med / 1e9,
-                        "ratio_to_gloo": med / gloo,
-                    })  # fmt: skip
+                    results.append(
+                        {
+                            "workers": w,
+                            "bytes": size,
+                            "method": m,
+                            "median_s": med,
+                            "all_s": times[(m, size)],
+                            "goodput_gbps": size * 8 / med / 1e9,
+                            "ratio_to_gloo": med / gloo,
+                        }
+                    )
         memory["emulator_rss_end"] = _rss(emu.proc.pid)
     memory["largest_tensor_bytes"] = max(sizes)
     return {"results": results, "memory": memory, "reps": reps, "codes": codes}
@@ -160,19 +196,29 @@ def run(workers: list[int], sizes: list[int], codes: list[int], reps: int,
 
 def markdown(data: dict) -> str:
     """The results as a markdown table (time in ms, ratio to gloo)."""
-    lines = ["| W | size | method | median (ms) | goodput (Gbit/s) | time / gloo |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| W | size | method | median (ms) | goodput (Gbit/s) | time / gloo |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in data["results"]:
-        lines.append(f"| {r['workers']} | {r['bytes'] / 2**20:g} MiB | {r['method']} | "
-                     f"{r['median_s'] * 1e3:.1f} | {r['goodput_gbps']:.2f} | "
-                     f"{r['ratio_to_gloo']:.2f} |")  # fmt: skip
+        lines.append(
+            f"| {r['workers']} | {r['bytes'] / 2**20:g} MiB | {r['method']} | "
+            f"{r['median_s'] * 1e3:.1f} | {r['goodput_gbps']:.2f} | "
+            f"{r['ratio_to_gloo']:.2f} |"
+        )
     m = data["memory"]
-    lines += ["", f"Emulator RSS: {m['emulator_rss_start'] / 2**20:.0f} MiB at start, "
-                  f"{m['emulator_rss_end'] / 2**20:.0f} MiB at the end.",
-              "Worker peak RSS (largest tensor "
-              f"{m['largest_tensor_bytes'] / 2**20:g} MiB): " + ", ".join(
-                  f"{k.split('_')[-1]}: {v / 2**20:.0f} MiB" for k, v in m.items()
-                  if k.startswith("worker_peak"))]  # fmt: skip
+    lines += [
+        "",
+        f"Emulator RSS: {m['emulator_rss_start'] / 2**20:.0f} MiB at start, "
+        f"{m['emulator_rss_end'] / 2**20:.0f} MiB at the end.",
+        "Worker peak RSS (largest tensor "
+        f"{m['largest_tensor_bytes'] / 2**20:g} MiB): "
+        + ", ".join(
+            f"{k.split('_')[-1]}: {v / 2**20:.0f} MiB"
+            for k, v in m.items()
+            if k.startswith("worker_peak")
+        ),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -191,8 +237,10 @@ def plot(data: dict, path: Path) -> None:
         sizes = sorted({r["bytes"] for r in rows})
         width = 0.8 / len(methods)
         for i, m in enumerate(methods):
-            ys = [next(r["ratio_to_gloo"] for r in rows if r["method"] == m and r["bytes"] == s)
-                  for s in sizes]  # fmt: skip
+            ys = [
+                next(r["ratio_to_gloo"] for r in rows if r["method"] == m and r["bytes"] == s)
+                for s in sizes
+            ]
             ax.bar(np.arange(len(sizes)) + i * width, ys, width, label=m)
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xticks(np.arange(len(sizes)) + 0.4 - width / 2)
