@@ -13,6 +13,12 @@ def _probability(ctx, param, value):
     return value
 
 
+def _pcap_size(ctx, param, value):
+    if value < 24:
+        raise click.BadParameter("must leave room for the 24-byte pcap file header")
+    return value
+
+
 @click.command()
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address of the data plane.")
 @click.option(
@@ -78,6 +84,39 @@ def _probability(ctx, param, value):
     type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
 )
 @click.option(
+    "--metrics-port",
+    default=None,
+    type=click.IntRange(0, 65535),
+    help="Serve Prometheus metrics at http://HOST:PORT/metrics (0 = any free port).",
+)
+@click.option(
+    "--metrics-host",
+    default=None,
+    help="Address of the metrics endpoint [default: --control-host].",
+)
+@click.option("--tui", is_flag=True, help="Show a live view of the switch in this terminal (2 Hz).")
+@click.option(
+    "--pcap",
+    default=None,
+    type=click.Path(dir_okay=False, writable=True),
+    help="Record every packet the switch receives and sends to this pcap file.",
+)
+@click.option(
+    "--pcap-max-packets",
+    default=100_000,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Stop recording after this many packets.",
+)
+@click.option(
+    "--pcap-max-bytes",
+    default="256MiB",
+    show_default=True,
+    type=SIZE,
+    callback=_pcap_size,
+    help="Stop recording before the file grows past this size.",
+)
+@click.option(
     "--ready-file",
     default=None,
     type=click.Path(dir_okay=False),
@@ -96,6 +135,12 @@ def serve(
     idle_timeout,
     advertise_ip,
     log_level,
+    metrics_port,
+    metrics_host,
+    tui,
+    pcap,
+    pcap_max_packets,
+    pcap_max_bytes,
     ready_file,
 ) -> None:
     """Serve the SwitchML data plane (UDP) and control plane (gRPC)."""
@@ -108,9 +153,19 @@ def serve(
     from swemu.engine import EngineConfig
     from swemu.server import Emulator
 
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
-    )
+    if tui:
+        # log lines go through the live view's console, above the view, not across it
+        from rich.logging import RichHandler
+
+        logging.basicConfig(
+            level=log_level.upper(),
+            format="%(name)s %(message)s",
+            handlers=[RichHandler(console=terminal.out, show_path=False)],
+        )
+    else:
+        logging.basicConfig(
+            level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+        )
     config = EngineConfig(
         pool_size=pool_size,
         max_workers=max_workers,
@@ -127,6 +182,11 @@ def serve(
             control_port=control_port,
             config=config,
             advertise_ip=advertise_ip,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
+            pcap=pcap,
+            pcap_max_packets=pcap_max_packets,
+            pcap_max_bytes=pcap_max_bytes,
         )
         await emu.start()
         stop = asyncio.Event()
@@ -140,26 +200,62 @@ def serve(
                     {
                         "data": list(emu.data_address),
                         "control": list(emu.control_address),
+                        "metrics": list(emu.metrics_address) if emu.metrics_address else None,
                         "pid": os.getpid(),
                     },
                     f,
                 )
             os.replace(tmp, ready_file)
         if log_level.lower() in ("debug", "info"):
+            metrics = ""
+            if emu.metrics_address:
+                metrics = ", metrics http://%s:%d/metrics" % emu.metrics_address
             terminal.info(
                 f"switchml-emu serving: data udp {emu.host}:{emu.port}, "
-                f"control grpc {emu.control_host}:{emu.control_port} "
+                f"control grpc {emu.control_host}:{emu.control_port}{metrics} "
                 "(Ctrl-C to stop)"
             )
+        view = asyncio.ensure_future(_live_view(emu)) if tui else None
         try:
             await stop.wait()
         finally:
+            if view is not None:
+                view.cancel()
+                await asyncio.gather(view, return_exceptions=True)
             await emu.stop()
 
     try:
         _run(main())
     except OSError as exc:
         raise CLIError(str(exc)) from None
+
+
+#: Refreshes per second of ``serve --tui``: each takes one snapshot of the engine.
+TUI_HZ = 2.0
+
+
+async def _live_view(emu) -> None:
+    """Redraw the live view from a snapshot every 1/TUI_HZ s until cancelled.
+
+    Runs in the emulator's event loop; a snapshot reads the counter arrays
+    (never per packet), so the data plane loses one short pause per refresh.
+    """
+    import asyncio
+
+    from rich.live import Live
+
+    from swemu.tui import History, render
+
+    history = History()
+    snap = emu.snapshot()
+    history.add(snap)
+    # no refresh thread: the view is redrawn here, when a snapshot is taken
+    with Live(render(snap, history), console=terminal.out, auto_refresh=False) as live:
+        while True:
+            await asyncio.sleep(1.0 / TUI_HZ)
+            snap = emu.snapshot()
+            history.add(snap)
+            live.update(render(snap, history), refresh=True)
 
 
 def _run(coro) -> None:

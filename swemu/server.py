@@ -12,28 +12,141 @@ Use it from Python (tests, notebooks)::
     async with swemu.serve(host="127.0.0.1", port=0, control_port=0) as emu:
         print(emu.data_address, emu.control_address)
         ...
-        print(emu.engine.snapshot())
+        print(emu.snapshot())
+
+Observers never run per packet: :meth:`Emulator.snapshot` reads the counters
+when asked (``GetStats`` of the ``swemu.EmulatorControl`` gRPC service on the
+control port, the Prometheus endpoint with ``metrics_port``, the TUI), and a
+pcap capture (``pcap=PATH``) is a :attr:`DataPlane.tap` that is not installed
+at all when capture is off.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ipaddress
 import logging
+import os
 import socket
+import time
 from collections.abc import AsyncIterator
+from typing import Any
 
+from . import __version__
 from .control import SessionService, SyncService, start_control_server
 from .dataplane import DataPlane, bind_udp
-from .engine import EngineConfig, SwitchEngine, warmup
+from .engine import Batch, EngineConfig, SwitchEngine, warmup
+from .metrics import MetricsServer
+from .pcap import DEFAULT_MAX_BYTES, DEFAULT_MAX_PACKETS, PcapWriter
+from .stats import EmulatorControlService, FaultHandler, add_to_server
 from .wire import DEFAULT_CONTROL_PORT, DEFAULT_UDP_PORT
 
 log = logging.getLogger("swemu.server")
 
 
+class PcapTap:
+    """A :attr:`DataPlane.tap` that records every processed batch to a pcap file.
+
+    Per batch, the received datagrams (worker -> switch) and then the results
+    (switch -> each destination) go to :meth:`PcapWriter.write_batch` in two
+    vectorised calls. The file is bounded (``max_packets``, ``max_bytes``);
+    once full, later packets are only counted. A write error (disk full) stops
+    the capture with a log line instead of breaking the data plane.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        switch: tuple[int, int],
+        *,
+        max_packets: int | None = DEFAULT_MAX_PACKETS,
+        max_bytes: int | None = DEFAULT_MAX_BYTES,
+        clock_offset: float = 0.0,
+    ) -> None:
+        try:
+            self.writer = PcapWriter(path, max_packets=max_packets, max_bytes=max_bytes)
+        except OSError as exc:
+            raise OSError(f"cannot write the capture {path}: {exc.strerror or exc}") from None
+        self.path = path
+        self.switch_ip, self.switch_port = switch
+        # the data plane's `now` is the loop's monotonic clock; pcap wants epoch time
+        self.clock_offset = clock_offset
+        self.dropped = 0  # counted here once the writer is full (it is not called any more)
+        self.failed: str | None = None
+
+    def __call__(self, batch: Batch, now: float) -> None:
+        n, nd = batch.n, batch.n_dest
+        w = self.writer
+        if w.full or self.failed is not None:
+            self.dropped += n + nd
+            return
+        ts = now + self.clock_offset
+        try:
+            w.write_batch(
+                batch.buf,
+                batch.lens[:n],
+                batch.ip[:n],
+                batch.port[:n],
+                self.switch_ip,
+                self.switch_port,
+                ts,
+            )
+            if nd:
+                w.write_batch(
+                    batch.out_buf,
+                    batch.out_len,
+                    self.switch_ip,
+                    self.switch_port,
+                    batch.dest_ip[:nd],
+                    batch.dest_port[:nd],
+                    ts,
+                    rows=batch.dest_row[:nd],
+                )
+        except (OSError, ValueError) as exc:
+            self.failed = str(exc)
+            log.error("packet capture to %s stopped: %s", self.path, exc)
+            return
+        if w.full:
+            log.warning(
+                "packet capture %s is full (%d packets, %d bytes): later packets are not recorded",
+                self.path,
+                w.packets,
+                w.bytes_written,
+            )
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """Packets and bytes written, packets not written (bound reached), full flag."""
+        w = self.writer
+        return {
+            "packets": w.packets,
+            "bytes": w.bytes_written,
+            "dropped": w.dropped + self.dropped,
+            "full": int(w.full or self.failed is not None),
+        }
+
+    def flush(self) -> None:
+        if not self.writer.closed and self.failed is None:
+            try:
+                self.writer.flush()
+            except OSError as exc:
+                self.failed = str(exc)
+                log.error("packet capture to %s stopped: %s", self.path, exc)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.writer.close()
+
+
 class Emulator:
-    """A running emulator: engine, data plane and control plane, in one event loop."""
+    """A running emulator: engine, data plane and control plane, in one event loop.
+
+    Optional observers: ``metrics_port`` serves Prometheus ``/metrics`` (on
+    ``metrics_host``, default the control host; 0 = any free port), ``pcap``
+    records every processed packet to a bounded capture file.
+    """
 
     def __init__(
         self,
@@ -45,6 +158,11 @@ class Emulator:
         config: EngineConfig | None = None,
         advertise_ip: str | None = None,
         switch_mac: int = 0x02_00_5E_BE_E0_00,
+        metrics_port: int | None = None,
+        metrics_host: str | None = None,
+        pcap: str | os.PathLike[str] | None = None,
+        pcap_max_packets: int | None = DEFAULT_MAX_PACKETS,
+        pcap_max_bytes: int | None = DEFAULT_MAX_BYTES,
     ) -> None:
         self.host = host
         self.requested_port = port
@@ -56,10 +174,18 @@ class Emulator:
         self.port = 0
         self.control_port = 0
         self.sync_service = SyncService()
+        self.metrics: MetricsServer | None = None
+        self._metrics_port = metrics_port
+        self._metrics_host = metrics_host or self.control_host
+        self._pcap = pcap
+        self._pcap_limits = (pcap_max_packets, pcap_max_bytes)
+        self.capture: PcapTap | None = None
+        self.started_at = time.monotonic()
         self._sock: socket.socket | None = None
         self._data: DataPlane | None = None
         self._grpc = None
         self._timer: asyncio.TimerHandle | None = None
+        self._flush_timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -71,6 +197,13 @@ class Emulator:
     def control_address(self) -> tuple[str, int]:
         return (self._reachable(self.control_host), self.control_port)
 
+    @property
+    def metrics_address(self) -> tuple[str, int] | None:
+        """Where ``/metrics`` is served, or None without ``metrics_port``."""
+        if self.metrics is None:
+            return None
+        return (self._reachable(self._metrics_host), self.metrics.port)
+
     @staticmethod
     def _reachable(host: str) -> str:
         return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
@@ -81,27 +214,49 @@ class Emulator:
         return self._data
 
     async def start(self) -> None:
-        """Bind both ports, compile the kernels and start serving."""
+        """Bind the ports, compile the kernels and start serving."""
         self._loop = asyncio.get_running_loop()
         warmup()
         self._sock = bind_udp(self.host, self.requested_port)
         self.port = self._sock.getsockname()[1]
+        self.started_at = time.monotonic()
+        # made before the control plane (which may configure it), started after it
+        self._data = DataPlane(self.engine, self._sock, self._loop)
         try:
             ip = self.advertise_ip or self.data_address[0]
+            switch_ipv4 = int(ipaddress.IPv4Address(ip))
             session = SessionService(
                 self.engine,
-                switch_ipv4=int(ipaddress.IPv4Address(ip)),
+                switch_ipv4=switch_ipv4,
                 switch_mac=self.switch_mac,
                 clock=self._loop.time,
                 on_register=lambda *_: self._arm_timer(),
             )
+            control = EmulatorControlService(self.snapshot, self.set_faults_handler())
             self._grpc, self.control_port = await start_control_server(
-                self.control_host, self.requested_control_port, (session, self.sync_service)
+                self.control_host,
+                self.requested_control_port,
+                (session, self.sync_service),
+                extra=[lambda server: add_to_server(control, server)],
             )
+            if self._metrics_port is not None:
+                self.metrics = MetricsServer(self.snapshot, self._metrics_host, self._metrics_port)
+                await self.metrics.start()
+            if self._pcap is not None:
+                max_packets, max_bytes = self._pcap_limits
+                self.capture = PcapTap(
+                    self._pcap,
+                    (switch_ipv4, self.port),
+                    max_packets=max_packets,
+                    max_bytes=max_bytes,
+                    clock_offset=time.time() - self._loop.time(),
+                )
         except BaseException:
-            self._sock.close()
+            await self._close_listeners()
             raise
-        self._data = DataPlane(self.engine, self._sock, self._loop)
+        if self.capture is not None:
+            self._data.tap = self.capture
+            self._flush_timer = self._loop.call_later(1.0, self._flush_capture)
         self._data.start()
         log.info(
             "data plane on udp %s:%d, control plane on grpc %s:%d",
@@ -110,6 +265,47 @@ class Emulator:
             self.control_host,
             self.control_port,
         )
+        if self.metrics is not None:
+            log.info("metrics on http://%s:%d/metrics", self._metrics_host, self.metrics.port)
+        if self.capture is not None:
+            log.info("capturing packets to %s", self._pcap)
+
+    def set_faults_handler(self) -> FaultHandler | None:
+        """The ``SetFaults`` handler, or None: the call answers UNIMPLEMENTED.
+
+        Fault injection (loss, duplication, reordering, delay, link rate) hooks
+        in here: a callable taking a validated ``FaultConfig`` message and
+        returning the configuration in force; the data plane already exists
+        when this is called.
+        """
+        return None
+
+    def snapshot(self) -> dict[str, Any]:
+        """Every counter at this instant: the engine's snapshot plus the socket
+        layer, the clock, the addresses, the limits and the capture.
+
+        ``time`` is ``time.monotonic()``: counter deltas divided by the
+        difference of two snapshots' ``time`` are rates.
+        """
+        snap = self.engine.snapshot()
+        now = time.monotonic()
+        snap["time"] = now
+        snap["uptime"] = now - self.started_at
+        snap["version"] = __version__
+        snap["data_plane"] = _plain_counters(self._data.stats) if self._data is not None else {}
+        snap["data_address"] = "%s:%d" % self.data_address
+        snap["control_address"] = "%s:%d" % self.control_address
+        cfg = self.engine.config
+        snap["limits"] = {
+            "pool_size": cfg.pool_size,
+            "max_workers": cfg.max_workers,
+            "max_jobs": cfg.max_jobs,
+            "max_pool_memory": cfg.max_pool_memory,
+            "idle_timeout": cfg.idle_timeout,
+        }
+        if self.capture is not None:
+            snap["capture"] = self.capture.counters
+        return snap
 
     def _arm_timer(self) -> None:
         if self._timer is not None:
@@ -125,18 +321,51 @@ class Emulator:
             log.info("session %d released after %.0f s idle", sid, self.engine.config.idle_timeout)
         self._arm_timer()
 
+    def _flush_capture(self) -> None:
+        # a reader following the capture file sees at most a second's delay
+        self._flush_timer = None
+        if self.capture is not None and self._loop is not None:
+            self.capture.flush()
+            self._flush_timer = self._loop.call_later(1.0, self._flush_capture)
+
+    async def _close_listeners(self) -> None:
+        if self.metrics is not None:
+            await self.metrics.stop()
+        if self._grpc is not None:
+            await self._grpc.stop(grace=0.5)
+        if self.capture is not None:
+            self.capture.close()
+        if self._sock is not None:
+            self._sock.close()
+
     async def stop(self) -> None:
         """Stop serving and log the counters."""
         if self._timer is not None:
             self._timer.cancel()
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
         if self._data is not None:
             self._data.stop()
+            self._data.tap = None
         self.sync_service.cancel_all("emulator shutting down")
-        if self._grpc is not None:
-            await self._grpc.stop(grace=0.5)
-        if self._sock is not None:
-            self._sock.close()
+        await self._close_listeners()
+        if self.capture is not None:
+            c = self.capture.counters
+            log.info(
+                "capture %s: %d packets, %d bytes, %d not recorded",
+                self._pcap,
+                c["packets"],
+                c["bytes"],
+                c["dropped"],
+            )
         log.info("shutdown: %s", summary_line(self.engine.snapshot()))
+
+
+def _plain_counters(stats: object) -> dict[str, int]:
+    """The integer fields of a stats object (a dataclass, or any object)."""
+    fields = dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else vars(stats)
+    return {k: int(v) for k, v in fields.items() if isinstance(v, int) and not k.startswith("_")}
 
 
 def summary_line(snap: dict) -> str:
