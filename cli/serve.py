@@ -117,6 +117,54 @@ def _pcap_size(ctx, param, value):
     help="Stop recording before the file grows past this size.",
 )
 @click.option(
+    "--loss-in",
+    default=0.0,
+    type=click.FloatRange(0, 1),
+    show_default=True,
+    help="Fault injection: probability a packet to the switch is lost.",
+)
+@click.option(
+    "--loss-out",
+    default=0.0,
+    type=click.FloatRange(0, 1),
+    show_default=True,
+    help="Fault injection: probability a packet from the switch is lost.",
+)
+@click.option(
+    "--duplicate",
+    default=0.0,
+    type=click.FloatRange(0, 1),
+    show_default=True,
+    help="Fault injection: probability a packet to the switch arrives twice.",
+)
+@click.option(
+    "--reorder-ms",
+    default=0.0,
+    type=click.FloatRange(0),
+    show_default=True,
+    help="Fault injection: packets from the switch are held back up to this long.",
+)
+@click.option(
+    "--delay-ms",
+    default=0.0,
+    type=click.FloatRange(0),
+    show_default=True,
+    help="Fault injection: fixed extra delay of packets from the switch.",
+)
+@click.option(
+    "--link-gbps",
+    default=0.0,
+    type=click.FloatRange(0),
+    show_default=True,
+    help="Rate of each switch-to-worker link (a token bucket; 0 = unlimited).",
+)
+@click.option(
+    "--seed",
+    default=None,
+    type=click.IntRange(0),
+    help="Seed of the fault injection's random generator (reproducible runs).",
+)
+@click.option(
     "--ready-file",
     default=None,
     type=click.Path(dir_okay=False),
@@ -141,6 +189,13 @@ def serve(
     pcap,
     pcap_max_packets,
     pcap_max_bytes,
+    loss_in,
+    loss_out,
+    duplicate,
+    reorder_ms,
+    delay_ms,
+    link_gbps,
+    seed,
     ready_file,
 ) -> None:
     """Serve the SwitchML data plane (UDP) and control plane (gRPC)."""
@@ -151,6 +206,7 @@ def serve(
     import signal
 
     from swemu.engine import EngineConfig
+    from swemu.faults import FaultConfig, configure
     from swemu.server import Emulator
 
     if tui:
@@ -189,6 +245,17 @@ def serve(
             pcap_max_bytes=pcap_max_bytes,
         )
         await emu.start()
+        faults = FaultConfig(
+            loss_in=loss_in,
+            loss_out=loss_out,
+            duplicate=duplicate,
+            reorder_ms=reorder_ms,
+            delay_ms=delay_ms,
+            link_gbps=link_gbps,
+        )
+        if faults != FaultConfig() or seed is not None:
+            configure(emu.engine, emu.data_plane, faults, seed=seed)
+            logging.getLogger("swemu.faults").info("fault injection: %s (seed %s)", faults, seed)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -255,7 +255,11 @@ def due_packets(
 
 
 class FaultError(ValueError):
-    """A fault configuration that cannot be applied (unknown session, bad rank)."""
+    """A fault configuration that cannot be applied (a bad rank)."""
+
+
+class UnknownSessionError(LookupError):
+    """Faults asked for a session the switch does not have (gRPC NOT_FOUND)."""
 
 
 def configure(
@@ -277,7 +281,7 @@ def configure(
     else:
         job = engine.jobs.get(session_id)
         if job is None:
-            raise FaultError(f"no session {session_id} is registered")
+            raise UnknownSessionError(f"no session {session_id} is registered")
         targets = [job.index]
     if rank is not None and not 0 <= rank < engine.faults.shape[1]:
         raise FaultError(f"rank {rank} is not a worker id (0..{engine.faults.shape[1] - 1})")
@@ -299,7 +303,7 @@ def config_of(engine: SwitchEngine, session_id: int = 0, rank: int | None = None
     else:
         job = engine.jobs.get(session_id)
         if job is None:
-            raise FaultError(f"no session {session_id} is registered")
+            raise UnknownSessionError(f"no session {session_id} is registered")
         p = engine.faults[job.index, rank or 0]
     return FaultConfig(
         loss_in=float(p[K.P_LOSS_IN]),

@@ -278,7 +278,9 @@ class Emulator:
         returning the configuration in force; the data plane already exists
         when this is called.
         """
-        return None
+        from .faults import FaultControl
+
+        return FaultControl(self.engine, self._data)
 
     def snapshot(self) -> dict[str, Any]:
         """Every counter at this instant: the engine's snapshot plus the socket

@@ -15,7 +15,7 @@ from hostlib.quant import error_bound
 from swemu import faults
 from swemu import kernels as K
 from swemu.engine import Action, EngineConfig, SwitchEngine
-from swemu.faults import FaultConfig, FaultError
+from swemu.faults import FaultConfig, UnknownSessionError
 
 
 async def allreduce_all(emu, xs, **kw):
@@ -120,7 +120,7 @@ async def test_faults_for_one_job_do_not_touch_another():
             assert by_sid[111]["faults"]["loss_in"] > 0
             assert set(by_sid[222]["faults"].values()) == {0}  # no fault touched job 222
             assert by_sid[222]["counters"]["aggregated"] == len(x) // 256 + 1
-        with pytest.raises(FaultError, match="no session 5"):
+        with pytest.raises(UnknownSessionError, match="no session 5"):
             faults.configure(emu.engine, None, FaultConfig(), session_id=5)
 
 
