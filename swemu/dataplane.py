@@ -80,59 +80,45 @@ S_BATCHES, S_PACKETS, S_SENT, S_SEND_DROPS = 0, 1, 2, 3
 
 
 @njit(cache=True, nogil=True)
-def _switch_batch(
-    now,
-    n,
-    cap,
-    counts,
-    buf,
-    lens,
-    ip,
-    port,
-    action,
-    out_buf,
-    out_len,
-    out_job,
-    dest_row,
-    dest_ip,
-    dest_port,
-    dest_worker,
-    link_free,
-    q_buf,
-    q_len,
-    q_due,
-    q_ip,
-    q_port,
-    row_ptr,
-    row_len,
-    send_ip,
-    send_port,
-    out_base,
-    out_stride,
-    addr_keys,
-    addr_vals,
-    job_workers,
-    job_pool,
-    job_code,
-    job_last_seen,
-    values,
-    exps,
-    bitmap,
-    count,
-    dst_ip,
-    dst_port,
-    job_counters,
-    worker_counters,
-    global_counters,
-    faults,
-    fault_counters,
-):
+def _switch_batch(now, n, counts, io, state):
     """One received batch through the switch: injected duplicates, the §2
-    kernel, then loss/delay/link rate on the way out. Returns how many packets
-    leave now (in ``row_ptr/row_len/send_ip/send_port``); ``counts`` gets the
-    rows processed (with duplicates) and the kernel's destination count."""
+    kernel, then loss/delay/link rate on the way out.
+
+    ``io`` is :meth:`DataPlane._io` (the batch, the delay queue and the send
+    list), ``state`` is :meth:`SwitchEngine.kernel_state`. Returns how many
+    packets leave now (in the send list); ``counts`` gets the rows processed
+    (with duplicates) and the kernel's destination count."""
+    (
+        buf,
+        lens,
+        ip,
+        port,
+        action,
+        out_buf,
+        out_len,
+        out_job,
+        dest_row,
+        dest_ip,
+        dest_port,
+        dest_worker,
+        link_free,
+        q_buf,
+        q_len,
+        q_due,
+        q_ip,
+        q_port,
+        row_ptr,
+        row_len,
+        send_ip,
+        send_port,
+        out_base,
+        out_stride,
+        _q_base,
+        _q_stride,
+    ) = io
+    addr_keys, addr_vals, faults, fault_counters = state[0], state[1], state[15], state[16]
     n = faults_mod.duplicate_rows(
-        buf, lens, ip, port, n, cap, addr_keys, addr_vals, faults, fault_counters
+        buf, lens, ip, port, n, buf.shape[0], addr_keys, addr_vals, faults, fault_counters
     )
     nd = _process_batch(
         buf,
@@ -141,23 +127,7 @@ def _switch_batch(
         port,
         n,
         now,
-        addr_keys,
-        addr_vals,
-        job_workers,
-        job_pool,
-        job_code,
-        job_last_seen,
-        values,
-        exps,
-        bitmap,
-        count,
-        dst_ip,
-        dst_port,
-        job_counters,
-        worker_counters,
-        global_counters,
-        faults,
-        fault_counters,
+        *state,
         action,
         out_buf,
         out_len,
@@ -197,69 +167,10 @@ def _switch_batch(
 
 
 @njit(cache=True, nogil=True)
-def _drain(
-    fd,
-    max_batches,
-    now,
-    rx_hdr,
-    rx_ptr,
-    rx_names,
-    tx_hdr,
-    tx_ptr,
-    tx_iov,
-    tx_names,
-    cap,
-    buf,
-    lens,
-    ip,
-    port,
-    action,
-    out_buf,
-    out_len,
-    out_job,
-    dest_row,
-    dest_ip,
-    dest_port,
-    dest_worker,
-    link_free,
-    q_buf,
-    q_len,
-    q_due,
-    q_ip,
-    q_port,
-    row_ptr,
-    row_len,
-    send_ip,
-    send_port,
-    out_base,
-    out_stride,
-    q_base,
-    q_stride,
-    stats,
-    counts,
-    addr_keys,
-    addr_vals,
-    job_workers,
-    job_pool,
-    job_code,
-    job_last_seen,
-    values,
-    exps,
-    bitmap,
-    count,
-    dst_ip,
-    dst_port,
-    job_counters,
-    worker_counters,
-    global_counters,
-    faults,
-    fault_counters,
-):
-    """The whole per-packet path in compiled code: send what the delay queue
-    holds that is due, then repeatedly recvmmsg a batch, run it through the
-    switch (:func:`_switch_batch`) and sendmmsg the results, until the socket is
-    empty (or ``max_batches``, to let the event loop breathe). Returns packets
-    received."""
+def _send_due_fast(now, fd, tx, io, stats):
+    """Send the delayed packets whose time has come; returns how many."""
+    q_buf, q_len, q_due, q_ip, q_port = io[13], io[14], io[15], io[16], io[17]
+    row_ptr, row_len, send_ip, send_port = io[18], io[19], io[20], io[21]
     m = faults_mod.due_packets(
         now,
         q_buf,
@@ -271,70 +182,38 @@ def _drain(
         row_len,
         send_ip,
         send_port,
-        q_base,
-        q_stride,
+        io[24],
+        io[25],
         row_ptr.shape[0],
     )
     if m > 0:
         sent = fastio.send_batch(
-            fd, tx_hdr, tx_ptr, tx_iov, tx_names, m, row_ptr, row_len, send_ip, send_port
+            fd, tx[0], tx[1], tx[2], tx[3], m, row_ptr, row_len, send_ip, send_port
         )
         stats[S_SENT] += sent
         stats[S_SEND_DROPS] += m - sent
+    return m
+
+
+@njit(cache=True, nogil=True)
+def _drain(fd, max_batches, now, cap, rx, tx, io, stats, counts, state):
+    """The whole per-packet path in compiled code: send what the delay queue
+    holds that is due, then repeatedly recvmmsg a batch (``rx`` = header
+    vector, its address, names), run it through the switch
+    (:func:`_switch_batch`) and sendmmsg the results (``tx`` = header vector,
+    its address, iovecs, names), until the socket is empty or after
+    ``max_batches`` (to let the event loop breathe). Returns packets received."""
+    _send_due_fast(now, fd, tx, io, stats)
+    lens, ip, port = io[1], io[2], io[3]
+    row_ptr, row_len, send_ip, send_port = io[18], io[19], io[20], io[21]
     total = 0
     for _ in range(max_batches):
-        n = fastio.recv_batch(fd, rx_hdr, rx_ptr, cap, lens, ip, port, rx_names)
+        n = fastio.recv_batch(fd, rx[0], rx[1], cap, lens, ip, port, rx[2])
         if n == 0:
             break
-        m = _switch_batch(
-            now,
-            n,
-            buf.shape[0],
-            counts,
-            buf,
-            lens,
-            ip,
-            port,
-            action,
-            out_buf,
-            out_len,
-            out_job,
-            dest_row,
-            dest_ip,
-            dest_port,
-            dest_worker,
-            link_free,
-            q_buf,
-            q_len,
-            q_due,
-            q_ip,
-            q_port,
-            row_ptr,
-            row_len,
-            send_ip,
-            send_port,
-            out_base,
-            out_stride,
-            addr_keys,
-            addr_vals,
-            job_workers,
-            job_pool,
-            job_code,
-            job_last_seen,
-            values,
-            exps,
-            bitmap,
-            count,
-            dst_ip,
-            dst_port,
-            job_counters,
-            worker_counters,
-            global_counters,
-            faults,
-            fault_counters,
-        )
+        m = _switch_batch(now, n, counts, io, state)
         sent = fastio.send_batch(
-            fd, tx_hdr, tx_ptr, tx_iov, tx_names, m, row_ptr, row_len, send_ip, send_port
+            fd, tx[0], tx[1], tx[2], tx[3], m, row_ptr, row_len, send_ip, send_port
         )
         stats[S_BATCHES] += 1
         stats[S_PACKETS] += n
@@ -460,21 +339,7 @@ class DataPlane:
     def compile(self) -> None:
         """Compile (or load from the cache) every kernel of both paths now, so
         that the first packets do not wait for Numba."""
-        b = self.batch
-        _switch_batch(
-            0.0,
-            0,
-            b.buf.shape[0],
-            self._counts,
-            *self._batch_args(),
-            self._row_ptr,
-            self._row_len,
-            self._send_ip,
-            self._send_port,
-            b.out_buf.ctypes.data,
-            b.out_buf.strides[0],
-            *self.engine.kernel_state(),
-        )
+        _switch_batch(0.0, 0, self._counts, self._io(), self.engine.kernel_state())
         self._send_due()
         if self.fast and not self.echo:
             self._drain_fast()  # an empty socket: returns at once, compiled
@@ -488,7 +353,8 @@ class DataPlane:
             self._flush_handle = None
 
     # ------------------------------------------------------------ the paths
-    def _batch_args(self) -> tuple:
+    def _io(self) -> tuple:
+        """The arrays of :func:`_switch_batch`: batch, delay queue, send list."""
         b, q = self.batch, self.queue
         return (
             b.buf,
@@ -509,6 +375,14 @@ class DataPlane:
             q.due,
             q.ip,
             q.port,
+            self._row_ptr,
+            self._row_len,
+            self._send_ip,
+            self._send_port,
+            b.out_buf.ctypes.data,
+            b.out_buf.strides[0],
+            q.buf.ctypes.data,
+            q.buf.strides[0],
         )
 
     def _on_readable(self) -> None:
@@ -522,31 +396,18 @@ class DataPlane:
         self._arm_flush()
 
     def _drain_fast(self) -> None:
-        b, rx, tx, q = self.batch, self._rx, self._tx, self.queue
+        rx, tx = self._rx, self._tx
         _drain(
             self.sock.fileno(),
             MAX_BATCHES_PER_WAKEUP,
             self.loop.time(),
-            rx.hdr,
-            rx.hdr_ptr,
-            rx.names,
-            tx.hdr,
-            tx.hdr_ptr,
-            tx.iov,
-            tx.names,
             self.capacity,
-            *self._batch_args(),
-            self._row_ptr,
-            self._row_len,
-            self._send_ip,
-            self._send_port,
-            b.out_buf.ctypes.data,
-            b.out_buf.strides[0],
-            q.buf.ctypes.data,
-            q.buf.strides[0],
+            (rx.hdr, rx.hdr_ptr, rx.names),
+            (tx.hdr, tx.hdr_ptr, tx.iov, tx.names),
+            self._io(),
             self._fast_stats,
             self._counts,
-            *self.engine.kernel_state(),
+            self.engine.kernel_state(),
         )
         self._sync_stats()
 
@@ -590,20 +451,7 @@ class DataPlane:
             if n == 0:
                 break
             now = self.loop.time()
-            m = _switch_batch(
-                now,
-                n,
-                b.buf.shape[0],
-                self._counts,
-                *self._batch_args(),
-                self._row_ptr,
-                self._row_len,
-                self._send_ip,
-                self._send_port,
-                b.out_buf.ctypes.data,
-                b.out_buf.strides[0],
-                *self.engine.kernel_state(),
-            )
+            m = _switch_batch(now, n, self._counts, self._io(), self.engine.kernel_state())
             if self.tap is not None:
                 b.n, b.n_dest = int(self._counts[0]), int(self._counts[1])
                 self.tap(b, now)
@@ -676,19 +524,13 @@ class DataPlane:
         st[S_SEND_DROPS] += m - sent
 
     def _send_due(self) -> None:
+        """Send the delayed packets that are due (both paths)."""
         q = self.queue
         if q.len.shape[0] == 0:
             return
+        io = self._io()
         m = faults_mod.due_packets(
-            self.loop.time(),
-            *self.queue.arrays(),
-            self._row_ptr,
-            self._row_len,
-            self._send_ip,
-            self._send_port,
-            q.buf.ctypes.data,
-            q.buf.strides[0],
-            len(self._row_ptr),
+            self.loop.time(), *io[13:18], *io[18:22], io[24], io[25], len(self._row_ptr)
         )
         self._send_list(m)
 
