@@ -141,7 +141,8 @@ def _remove_namespace(ns: str) -> None:
 
 
 def cleanup_leftovers(*, everything: bool = False) -> list[str]:
-    """Remove namespaces (and their processes) and root links of dead runs.
+    """Remove namespaces (and their processes), root links and log directories of
+    dead runs.
 
     A name ``swml<pid>-...`` belongs to a dead run when no process ``pid`` exists;
     ``everything`` also removes those of live runs. Returns what was removed.
@@ -157,6 +158,11 @@ def cleanup_leftovers(*, everything: bool = False) -> list[str]:
         if m and (everything or not Path(f"/proc/{m.group(1)}").exists()):
             _cmd(["ip", "link", "del", name], check=False)
             removed.append(name)
+    for path in Path(tempfile.gettempdir()).glob("swml-cluster-*-*"):  # run_benchmark's logs
+        pid = path.name.split("-")[2]
+        if pid.isdigit() and (everything or not Path(f"/proc/{pid}").exists()):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(str(path))
     return removed
 
 
@@ -464,6 +470,7 @@ class BenchConfig:
     delay_ms: float = 0.0
     loss_pct: float = 0.0
     queue_bytes: int = 4 << 20
+    emulator_nice: int = 0  # < 0: the emulator before the workers on the CPU
     prefix: str | None = None
     subnet: str = "10.201.0"
     step_timeout: float = 120.0  # plus 20× the ideal time of the step
@@ -594,12 +601,14 @@ class Record:
     counters: dict[str, float] = field(default_factory=dict)  # CPU, link bytes, drops
 
 
-def _start_emulator(rack: Rack, tmp: Path) -> tuple[subprocess.Popen, Path]:
+def _start_emulator(rack: Rack, tmp: Path, nice: int = 0) -> tuple[subprocess.Popen, Path]:
     from swemu.launch import child_env
 
     ready = tmp / "emulator.json"
     log = tmp / "emulator.log"
     argv = [sys.executable, "-m", "cli.main", "serve", "--host", rack.switch_ip]
+    if nice:  # a real switch does not share its CPU with the workers
+        argv = ["nice", "-n", str(nice), *argv]
     argv += ["--port", str(SWITCH_UDP_PORT), "--control-port", str(SWITCH_CONTROL_PORT)]
     argv += ["--log-level", "warning", "--ready-file", str(ready)]
     with open(log, "wb") as f:
@@ -731,7 +740,7 @@ def run_benchmark(
     config.validate()
     say = on_status or (lambda msg: None)
     records: list[Record] = []
-    tmp = Path(tempfile.mkdtemp(prefix="swml-cluster-"))
+    tmp = Path(tempfile.mkdtemp(prefix=f"swml-cluster-{os.getpid()}-"))  # logs, ready file
     try:
         with (
             signals_as_exceptions(),
@@ -747,7 +756,7 @@ def run_benchmark(
                 config.rates_gbps[0], config.delay_ms, config.loss_pct, config.queue_bytes
             )
             rack.shape(shaping)
-            emu, _ = _start_emulator(rack, tmp)
+            emu, _ = _start_emulator(rack, tmp, config.emulator_nice)
             say("emulator serving; starting workers ...")
             workers = _start_workers(rack, config, tmp)
             pids = {"emulator": emu.pid, **{f"worker{wk.rank}": wk.proc.pid for wk in workers}}
@@ -951,6 +960,20 @@ def plot_speedup(rows: Sequence[dict[str, Any]], path: str | Path) -> None:
     plt.close(fig)
 
 
+def code_state() -> dict[str, Any]:
+    """The commit of this checkout and its modified tracked files (read-only git),
+    so that a result names the code that produced it."""
+    git = ["git", "-C", str(Path(__file__).resolve().parent.parent)]
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run([*git, "status", "--porcelain", "-uno"], capture_output=True, text=True)
+    return {
+        "commit": head.stdout.strip() or None,
+        "modified_files": [line[3:] for line in dirty.stdout.splitlines()]
+        if dirty.returncode == 0
+        else None,
+    }
+
+
 def write_json(
     path: str | Path,
     config: BenchConfig,
@@ -958,19 +981,14 @@ def write_json(
     rows: Sequence[dict[str, Any]],
     *,
     complete: bool = True,
+    code: dict[str, Any] | None = None,
 ) -> None:
     """Everything: configuration, machine (with its load: it may be shared), every
-    measurement, the summary; ``complete`` is False for what a failed run saved."""
-    root = Path(__file__).resolve().parent.parent
-    git = ["git", "-C", str(root)]
-    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run([*git, "status", "--porcelain", "-uno"], capture_output=True, text=True)
+    measurement, the summary; ``complete`` is False for what a failed run saved.
+    ``code``: :func:`code_state` taken when the run started (default: now)."""
     doc = {
         "complete": complete,
-        "code": {
-            "commit": head.stdout.strip() or None,
-            "modified_files": dirty.stdout.split()[1::2] if dirty.returncode == 0 else None,
-        },
+        "code": code if code is not None else code_state(),
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()},
         "machine": {
             "cpus": os.cpu_count(),

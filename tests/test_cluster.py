@@ -1,0 +1,165 @@
+"""The emulated rack (``bench/cluster.py``, ``switchml cluster``): a real smoke run
+in network namespaces, and proof that every namespace, veth, bridge and process
+it creates is gone afterwards — after success, an error, SIGTERM and a kill.
+
+Needs root and ``ip netns``; skipped with the reason otherwise. Bounded: the
+whole module takes well under a minute.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from bench import cluster as bc
+from cli.main import switchml
+from cli.terminal import CLIError
+from swemu.launch import child_env
+
+SWITCHML = [sys.executable, "-c", "from cli.main import switchml_main; switchml_main()"]
+
+
+@pytest.fixture(scope="module")
+def netns() -> None:
+    """Skip (with the reason) where this process may not create network namespaces."""
+    why = bc.namespaces_permitted()
+    if why:
+        pytest.skip(f"emulated rack unavailable: {why}")
+
+
+def test_cli_help_and_validation_need_no_root():
+    r = CliRunner().invoke(switchml, ["cluster", "--help"], catch_exceptions=False)
+    assert r.exit_code == 0 and "run" in r.output and "--cleanup" in r.output
+    r = CliRunner().invoke(switchml, ["cluster", "run", "--help"], catch_exceptions=False)
+    for opt in ("--rates", "--workers", "--sizes", "--reps", "--methods"):
+        assert opt in r.output
+    r = CliRunner().invoke(switchml, ["cluster", "run", "--mtu", "1500"], standalone_mode=False)
+    assert isinstance(r.exception, CLIError) and "MTU" in str(r.exception)
+    r = CliRunner().invoke(switchml, ["cluster", "run", "--subnet", "8.8.8"], standalone_mode=False)
+    assert isinstance(r.exception, CLIError) and "private" in str(r.exception)
+
+
+def test_ideal_times_follow_the_traffic_each_link_carries():
+    s, b = 64 << 20, 1.0  # 64 MiB over 1 Gbit/s
+    t = 8 * s / 1e9
+    assert bc.ideal_time("switchml", 4, s, b) == pytest.approx(t)
+    assert bc.ideal_time("ring", 4, s, b) == pytest.approx(1.5 * t)
+    assert bc.ideal_time("ps", 4, s, b) == pytest.approx(3 * t)
+    # the speedup theory of the paper: 2(W-1)/W over ring
+    for w in (2, 4, 8):
+        ratio = bc.ideal_time("ring", w, s, b) / bc.ideal_time("switchml", w, s, b)
+        assert ratio == pytest.approx(2 * (w - 1) / w)
+
+
+def test_rack_is_removed_after_an_error(netns):
+    prefix = bc.default_prefix()
+    with pytest.raises(RuntimeError, match="boom"), bc.Rack(2, prefix=prefix) as rack:
+        rack.shape(bc.Shaping(0.5))
+        assert set(bc.leftovers(prefix)) == {rack.switch_ns, rack.worker_ns(0), rack.worker_ns(1)}
+        sleeper = rack.popen(rack.worker_ns(0), ["sleep", "60"])
+        raise RuntimeError("boom")
+    assert bc.leftovers(prefix) == []
+    assert sleeper.poll() is not None
+
+
+def test_smoke_switchml_and_ring_on_shaped_links(netns):
+    """2 workers, 0.5 Gbit/s, 1 MiB, one rep: results exact/within bound, the traffic
+    crossed the shaped links at no more than their rate, nothing is left behind."""
+    prefix = bc.default_prefix()
+    config = bc.BenchConfig(
+        rates_gbps=(0.5,),
+        workers=(2,),
+        sizes=(1 << 20,),
+        reps=1,
+        methods=("switchml", "ring"),
+        prefix=prefix,
+        step_timeout=30.0,
+    )
+    records = bc.run_benchmark(config)
+    assert bc.leftovers(prefix) == []
+    assert sorted(r.method for r in records) == ["ring", "switchml"]
+    burst = bc.Shaping(0.5).burst_bytes(config.mtu)
+    for r in records:
+        assert r.ok, r
+        assert r.counters["busiest_link_bytes"] >= 1 << 20  # it really went over the links
+        # the token bucket lets at most one bucket through faster than the rate
+        assert r.time >= ((1 << 20) - 2 * burst) * 8 / 0.5e9, r
+        assert 0.0 <= r.counters["machine_busy"] <= 1.0
+    rows = bc.summarize(records)
+    assert "| 0.5 Gb/s | 2 | 1 MiB |" in bc.markdown_table(rows)
+
+
+def test_sigterm_removes_the_rack_and_its_processes(netns, tmp_path):
+    out = tmp_path / "r.json"
+    argv = [*SWITCHML, "cluster", "run", "--rates", "0.5", "--workers", "2", "--sizes", "1Mi"]
+    argv += ["--reps", "1000", "--methods", "ring", "--json", str(out), "--plot", ""]
+    proc = subprocess.Popen(argv, env=child_env(), stderr=subprocess.PIPE, text=True)
+    prefix = f"swml{proc.pid}-"
+    inside: list[int] = []
+    try:
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline and proc.poll() is None:
+            names = bc.list_namespaces()
+            if f"{prefix}w1" in names and bc._netns_pids(f"{prefix}w1"):
+                # the emulator is serving and every worker has been started
+                inside = [p for ns in names if ns.startswith(prefix) for p in bc._netns_pids(ns)]
+                break
+            time.sleep(0.1)
+        assert len(inside) >= 3, "the run did not get going"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+            bc.cleanup_leftovers()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err and "the rack was removed" in err
+    assert bc.leftovers(prefix) == []
+    assert not [p for p in inside if os.path.exists(f"/proc/{p}")]
+
+
+def test_cleanup_removes_only_dead_runs(netns):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    dead_prefix = f"swml{dead.pid}-"
+    live_prefix = bc.default_prefix()
+    subprocess.run(["ip", "netns", "add", f"{dead_prefix}sw"], check=True)
+    subprocess.run(["ip", "netns", "add", f"{live_prefix}sw"], check=True)
+    logs = tempfile.mkdtemp(prefix=f"swml-cluster-{dead.pid}-")
+    try:
+        r = CliRunner().invoke(switchml, ["cluster", "--cleanup"], catch_exceptions=False)
+        assert r.exit_code == 0
+        assert bc.leftovers(dead_prefix) == []
+        assert not os.path.exists(logs)
+        assert bc.leftovers(live_prefix) == [f"{live_prefix}sw"]  # its owner is alive
+    finally:
+        subprocess.run(["ip", "netns", "del", f"{live_prefix}sw"], check=False)
+        subprocess.run(["ip", "netns", "del", f"{dead_prefix}sw"], capture_output=True)
+    assert bc.leftovers(live_prefix) == []
+
+
+def test_results_json_roundtrip(tmp_path):
+    """The artefacts from records alone (no namespaces): JSON, table, plot."""
+    recs = [
+        bc.Record(0, 1.0, w, 1 << 20, m, t, bc.ideal_time(m, w, 1 << 20, 1.0), True, 0.0, 0)
+        for w in (2, 4)
+        for m, t in (("switchml", 0.02), ("ring", 0.03), ("ps", 0.05))
+    ]
+    rows = bc.summarize(recs)
+    path = tmp_path / "c.json"
+    bc.write_json(path, bc.BenchConfig(), recs, rows)
+    doc = json.loads(path.read_text())
+    assert len(doc["records"]) == 6
+    sp = {s["workers"]: s for s in doc["speedups"]}
+    assert sp[4]["vs_ring"] == pytest.approx(1.5) and sp[4]["vs_ring_theory"] == pytest.approx(1.5)
+    bc.plot_speedup(rows, tmp_path / "c.png")
+    assert (tmp_path / "c.png").stat().st_size > 1000
