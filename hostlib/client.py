@@ -312,6 +312,9 @@ class AsyncContext:
 
     def _on_timer(self) -> None:
         self._timer = None
+        # read first: after this process was descheduled, results may be waiting in
+        # the socket while their timers have expired; resending them would be spurious
+        self._on_readable()
         op = self._op
         if op is None or op.done:
             return
