@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from swemu import fastio, wire
-from swemu.netutil import parse_address, resolve_ipv4, set_socket_buffers
+from swemu.netutil import mac_of_ipv4, parse_address, resolve_ipv4, set_socket_buffers
 
 from .control import ControlClient, Membership
 from .errors import SwitchMLError
@@ -127,6 +127,7 @@ class AsyncContext:
                     pool_size=o.window,
                     session_id=o.session_id,
                     timeout=o.join_timeout,
+                    mac=mac_of_ipv4(local_ip),
                 )
             except BaseException:
                 sock.close()

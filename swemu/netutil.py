@@ -50,3 +50,34 @@ def resolve_ipv4(host: str) -> str:
         return socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_DGRAM)[0][4][0]
     except socket.gaierror as exc:
         raise OSError(f"cannot resolve {host!r} to an IPv4 address: {exc.strerror}") from None
+
+
+def mac_of_ipv4(ip: str) -> int:
+    """The MAC address (as an integer) of the local interface holding ``ip``, or 0
+    if it cannot be found (not Linux, loopback, no permission). The switch's
+    controller needs it to address results on real hardware."""
+    import fcntl
+    import os
+    import struct
+
+    siocgifaddr = 0x8915
+    try:
+        names = os.listdir("/sys/class/net")
+    except OSError:
+        return 0
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for name in names:
+            try:
+                req = struct.pack("256s", name.encode()[:15])
+                addr = socket.inet_ntoa(fcntl.ioctl(probe.fileno(), siocgifaddr, req)[20:24])
+            except OSError:
+                continue
+            if addr == ip:
+                with open(f"/sys/class/net/{name}/address") as f:
+                    return int(f.read().strip().replace(":", ""), 16)
+    except (OSError, ValueError):
+        return 0
+    finally:
+        probe.close()
+    return 0

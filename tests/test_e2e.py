@@ -159,3 +159,25 @@ async def test_async_api_two_workers_in_one_loop(emulator):
 def test_plugin_fixture_runs_user_code(switchml_workers):
     out = switchml_workers(2, workers.float_random, 100)
     assert out[0].tobytes() == out[1].tobytes()
+
+
+def test_mac_of_a_local_address():
+    """The MAC sent in UdpSession is the interface's (0 for loopback: it has none)."""
+    import os
+    from pathlib import Path
+
+    from swemu.netutil import mac_of_ipv4
+
+    assert mac_of_ipv4("127.0.0.1") == 0
+    assert mac_of_ipv4("203.0.113.250") == 0  # nobody's address
+    for name in os.listdir("/sys/class/net"):
+        mac = Path(f"/sys/class/net/{name}/address").read_text().strip()
+        if name != "lo" and mac and mac != "00:00:00:00:00:00":
+            import subprocess
+
+            out = subprocess.run(
+                ["ip", "-4", "-o", "addr", "show", name], capture_output=True, text=True
+            ).stdout.split()
+            if "inet" in out:
+                ip = out[out.index("inet") + 1].split("/")[0]
+                assert mac_of_ipv4(ip) == int(mac.replace(":", ""), 16)
