@@ -320,6 +320,7 @@ class DataPlane:
         self._fast_stats = np.zeros(4, np.int64)
         self._counts = np.zeros(2, np.int64)
         self._flush_handle: asyncio.TimerHandle | None = None
+        self._flush_due = 0.0
         if self.fast:
             self._rx = fastio.MsgVec(batch_capacity)
             self._rx.point_at_rows(self.batch.buf)
@@ -543,9 +544,10 @@ class DataPlane:
             return
         h = self._flush_handle
         if h is not None:
-            if h.when() <= due:
+            if self._flush_due <= due:
                 return
             h.cancel()
+        self._flush_due = due  # (uvloop's timer handles do not expose when())
         self._flush_handle = self.loop.call_at(due, self._on_flush)
 
     def _on_flush(self) -> None:
