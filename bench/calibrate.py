@@ -11,6 +11,14 @@ numbers (seconds):
 * ``host_kernel`` / ``host_call``: the :mod:`hostlib.protocol` work of a worker
   per packet and per call (``Allreduce`` with its exponent pass, ``initial``,
   ``receive`` with quantization and result scaling, ``packets``);
+* both kernels' per-packet costs again at a small size code, so that the cost
+  of other packet sizes is interpolated (``switch_kernel_at(values)``);
+* ``switch_in_situ`` / ``host_in_situ``: the CPU the emulator (from ``/proc``)
+  and a worker (``time.process_time`` around each call) really spend per call
+  in a real ``switchml run``-like setup, divided by what the loopback model
+  charges with the isolated costs. Costs that only appear when processes wake
+  each other across cores (sends that wake a sleeping receiver, small batches,
+  cache traffic) make this well above 1 (1.6–2 on the development machine).
 * ``send`` / ``recv``: one Python ``sendto`` / ``recvfrom_into`` of a datagram of
   that size over loopback UDP, in the loops the data planes use;
 * ``wakeup``: what it costs to wake a process blocked on its socket (half a
@@ -40,7 +48,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +68,16 @@ class Calibration:
     send: float
     recv: float
     wakeup: float
+    #: the kernels' per-packet costs again at ``small_code`` (0: not measured), so
+    #: that costs at other packet sizes can be interpolated (``*_at``)
+    switch_kernel_small: float = 0.0
+    host_kernel_small: float = 0.0
+    small_code: int = 1
+    #: real CPU per call of the emulator / of a worker in a real multi-process run,
+    #: divided by what the loopback model charges with the costs above (1: not
+    #: measured); the loopback model multiplies each process's costs by it
+    switch_in_situ: float = 1.0
+    host_in_situ: float = 1.0
     size_code: int = 6
     workers: int = 2
     window: int = 128
@@ -70,27 +88,57 @@ class Calibration:
     measured_at: str = ""
     extra: dict = field(default_factory=dict)
 
-    @property
-    def switch_packet(self) -> float:
+    def _at(self, small: float, big: float, values: int | None) -> float:
+        """Linear in the values per packet between the two measured sizes (the
+        kernels' fixed part plus their per-value aggregation/quantization)."""
+        if values is None or small <= 0:
+            return big
+        v0, v1 = 32 << self.small_code, 32 << self.size_code
+        return max(0.0, small + (big - small) * (values - v0) / (v1 - v0))
+
+    def switch_kernel_at(self, values: int | None = None) -> float:
+        """Switch kernel seconds per packet of ``values`` int32 (default: the calibrated size)."""
+        return self._at(self.switch_kernel_small, self.switch_kernel, values)
+
+    def host_kernel_at(self, values: int | None = None) -> float:
+        """Host kernel seconds per packet of ``values`` int32 (default: the calibrated size)."""
+        return self._at(self.host_kernel_small, self.host_kernel, values)
+
+    def switch_packet_at(self, values: int | None = None) -> float:
         """CPU seconds of the emulator per received packet in full batches of 64,
         socket I/O included (a multicast sends W results per W packets received,
         so one send per packet on average)."""
-        return self.switch_kernel + self.recv + self.send + (self.switch_call + self.wakeup) / 64
+        per_call = (self.switch_call + self.wakeup) / 64
+        return self.switch_kernel_at(values) + self.recv + self.send + per_call
+
+    def host_packet_at(self, values: int | None = None) -> float:
+        """CPU seconds of a worker per packet sent and result received (full batches)."""
+        per_call = (self.host_call + self.wakeup) / 64
+        return self.host_kernel_at(values) + self.recv + self.send + per_call
+
+    def shard_pps_at(self, values: int | None = None) -> float:
+        """Packets per second one emulator shard (one core) takes in, with today's I/O."""
+        return 1.0 / self.switch_packet_at(values)
+
+    def shard_pps_kernel_only_at(self, values: int | None = None) -> float:
+        """The same if socket I/O cost nothing (the bound for a faster data path)."""
+        return 1.0 / (self.switch_kernel_at(values) + self.switch_call / 64)
+
+    @property
+    def switch_packet(self) -> float:
+        return self.switch_packet_at()
 
     @property
     def host_packet(self) -> float:
-        """CPU seconds of a worker per packet sent and result received (full batches)."""
-        return self.host_kernel + self.recv + self.send + (self.host_call + self.wakeup) / 64
+        return self.host_packet_at()
 
     @property
     def shard_pps(self) -> float:
-        """Packets per second one emulator shard (one core) takes in, with today's I/O."""
-        return 1.0 / self.switch_packet
+        return self.shard_pps_at()
 
     @property
     def shard_pps_kernel_only(self) -> float:
-        """The same if socket I/O cost nothing (the bound for a faster data path)."""
-        return 1.0 / (self.switch_kernel + self.switch_call / 64)
+        return self.shard_pps_kernel_only_at()
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -102,17 +150,23 @@ class Calibration:
 
 
 #: Measured on the development machine (2 shared AMD EPYC cores, Python 3.11,
-#: size code 6, 2 workers, window 128, float32, 16 MiB); used without a file.
+#: size code 6, 2 workers, window 128, float32, 16 MiB; ``switchml simulate
+#: --calibrate`` on 2026-12-02 13:25); used when there is no calibration file.
 DEFAULT = Calibration(
-    switch_kernel=3.0e-6,
-    switch_call=15e-6,
-    host_kernel=9.0e-6,
-    host_call=25e-6,
-    send=7.0e-6,
-    recv=5.0e-6,
-    wakeup=20e-6,
-    machine="development machine (2 shared AMD EPYC cores)",
-    measured_at="built-in default",
+    switch_kernel=2.48e-6,
+    switch_call=9.60e-6,
+    host_kernel=9.72e-6,
+    host_call=6.84e-6,
+    send=6.91e-6,
+    recv=4.15e-6,
+    wakeup=18.16e-6,
+    switch_kernel_small=0.19e-6,
+    host_kernel_small=0.95e-6,
+    small_code=1,
+    switch_in_situ=1.29,
+    host_in_situ=1.17,
+    machine="development machine (x86_64, 2 shared AMD EPYC cores, Python 3.11)",
+    measured_at="built-in default (2026-12-02)",
 )
 
 
@@ -402,6 +456,112 @@ def measure_wakeup(
     return max(0.0, (mine + theirs) / (2 * rounds) - send - recv)
 
 
+_CPU_WORKER = """
+import json, os, time
+import numpy as np
+import hostlib
+from hostlib.testdata import worker_input
+ctx = hostlib.from_env()
+n = int(os.environ["SWITCHML_RUN_SIZE"]) // 4
+dt = np.dtype(os.environ["SWITCHML_RUN_DTYPE"])
+cpu = []
+with ctx:
+    tick = np.zeros(1, np.int32)
+    ctx.allreduce(worker_input(ctx.rank, 4096, 0, dt))
+    y = np.empty(n, dt)
+    for it in range(int(os.environ["SWITCHML_RUN_ITERS"])):
+        x = worker_input(ctx.rank, n, it, dt)
+        ctx.allreduce(tick, out=tick)
+        c0 = time.process_time()
+        ctx.allreduce(x, out=y)
+        cpu.append(time.process_time() - c0)
+print(json.dumps(cpu), flush=True)
+"""
+
+
+def _proc_cpu(pid: int) -> float:
+    """utime + stime of a process in seconds (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure_in_situ(
+    cal: Calibration,
+    *,
+    workers: int = 2,
+    size_code: int = 6,
+    window: int = 128,
+    nbytes: int = 16 << 20,
+    dtype: str = "float32",
+    iters: int = 3,
+) -> tuple[float, float]:
+    """Run a local emulator and ``workers`` worker processes as ``switchml run``
+    does and return ``(emulator, worker)`` real CPU per allreduce divided by what
+    :func:`bench.simulate.simulate_loopback` charges with ``cal``'s costs.
+
+    The emulator's CPU is read from ``/proc`` around the workers' whole life
+    (its own start-up excluded; the workers' warm-up and line-up calls are
+    counted in packets); a worker's is ``time.process_time`` around each call.
+    """
+    import random
+    import statistics
+
+    from swemu.launch import EmulatorProcess, child_env
+
+    from .simulate import simulate_loopback
+
+    base = {"switch_in_situ": 1.0, "host_in_situ": 1.0}
+    model = simulate_loopback(
+        Calibration.from_json({**cal.to_json(), **base}),
+        workers=workers,
+        nbytes=nbytes,
+        size_code=size_code,
+        window=window,
+        is_float=dtype == "float32",
+        cores=os.cpu_count() or 1,
+    )
+    session = random.getrandbits(62) | 1
+    with EmulatorProcess() as emu:
+        before = _proc_cpu(emu.proc.pid)
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", _CPU_WORKER],
+                stdout=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                env=child_env(
+                    RANK=str(r),
+                    WORLD_SIZE=str(workers),
+                    SWITCHML_SWITCH=emu.switch,
+                    SWITCHML_CONTROL=emu.control,
+                    SWITCHML_SESSION_ID=str(session),
+                    SWITCHML_PACKET_SIZE=str(size_code),
+                    SWITCHML_WINDOW=str(window),
+                    SWITCHML_RUN_SIZE=str(nbytes),
+                    SWITCHML_RUN_DTYPE=dtype,
+                    SWITCHML_RUN_ITERS=str(iters),
+                ),
+            )
+            for r in range(workers)
+        ]
+        outs = [p.communicate(timeout=600)[0] for p in procs]
+        after = _proc_cpu(emu.proc.pid)
+    if any(p.returncode for p in procs):
+        raise RuntimeError("a calibration worker failed")
+    worker_cpu = statistics.median(c for out in outs for c in json.loads(out.splitlines()[-1]))
+    # packets the emulator took in: the timed calls plus the warm-up and line-up calls
+    per_call = model.detail["packets_per_worker"]
+    warm = -(-4096 // (32 << size_code))  # the 4096-value warm-up call's chunks
+    warm += min(window, warm) if dtype == "float32" else 0
+    per_worker = iters * per_call + warm + iters  # + one 1-value line-up call per iteration
+    switch_cpu_per_call = (after - before) * per_call / per_worker
+    return (
+        switch_cpu_per_call / model.detail["cpu_switch"],
+        worker_cpu / model.detail["cpu_worker"],
+    )
+
+
 def calibrate(
     *,
     workers: int = 2,
@@ -410,8 +570,12 @@ def calibrate(
     nbytes: int = 16 << 20,
     dtype: str = "float32",
     repeats: int = 3,
+    in_situ: bool = True,
 ) -> Calibration:
-    """Measure every cost for one configuration (about ten seconds)."""
+    """Measure every cost for one configuration (about fifteen seconds), the
+    kernels' per-packet costs at a second size code (1, or 3 if 1 is the main
+    one) for interpolation to other packet sizes, and (``in_situ``, Linux; about
+    fifteen seconds more) the in-situ factors of a real multi-process run."""
     k = measure_kernels(
         workers=workers,
         size_code=size_code,
@@ -420,9 +584,21 @@ def calibrate(
         dtype=dtype,
         repeats=repeats,
     )
+    small_code = 1 if size_code != 1 else 3
+    small = measure_kernels(
+        workers=workers,
+        size_code=small_code,
+        window=window,
+        nbytes=min(nbytes, 1 << 20),
+        dtype=dtype,
+        repeats=repeats,
+    )
     send, recv = measure_socket(size_code, repeats=repeats)
     wake = measure_wakeup(size_code, send=send, recv=recv)
-    return Calibration(
+    cal = Calibration(
+        switch_kernel_small=small["switch_kernel"],
+        host_kernel_small=small["host_kernel"],
+        small_code=small_code,
         switch_kernel=k["switch_kernel"],
         switch_call=k["switch_call"],
         host_kernel=k["host_kernel"],
@@ -443,6 +619,12 @@ def calibrate(
             "loadavg_1min": os.getloadavg()[0],
         },
     )
+    if not in_situ or not os.path.exists("/proc/self/stat"):
+        return cal
+    fs, fh = measure_in_situ(
+        cal, workers=workers, size_code=size_code, window=window, nbytes=nbytes, dtype=dtype
+    )
+    return replace(cal, switch_in_situ=fs, host_in_situ=fh)
 
 
 # ------------------------------------------------------------------- check

@@ -907,6 +907,27 @@ def iteration_time(
 
 # ------------------------------------------------------------ the emulator
 @dataclass(frozen=True)
+class _ProcessCosts:
+    """CPU seconds of one process kind (the emulator or a worker) in the loopback model."""
+
+    wakeup: float
+    call: float
+    kernel: float
+    recv: float
+    send: float
+
+    @classmethod
+    def of(cls, cal: Any, *, switch: bool) -> _ProcessCosts:
+        """The calibrated costs, times the in-situ factor measured for that process
+        kind (1 if the calibration has none)."""
+        f = getattr(cal, "switch_in_situ" if switch else "host_in_situ", 1.0) or 1.0
+        call, kernel = (
+            (cal.switch_call, cal.switch_kernel) if switch else (cal.host_call, cal.host_kernel)
+        )
+        return cls(cal.wakeup * f, call * f, kernel * f, cal.recv * f, cal.send * f)
+
+
+@dataclass(frozen=True)
 class LoopbackTiming:
     """The worker's retransmission timer as ``hostlib.protocol.Timing`` has it:
     ``timeout`` first and as a floor, then ``srtt + 4·rttvar`` (RFC 6298, no
@@ -985,6 +1006,7 @@ def _loopback_call(
 ) -> Result:
     """One allreduce of :func:`simulate_loopback`; ``rtt`` (per worker: srtt,
     rttvar, samples) carries over between calls, as in ``WorkerProtocol``."""
+    cost = (_ProcessCosts.of(cal, switch=True), _ProcessCosts.of(cal, switch=False))
     nvals = 32 << size_code
     chunks = math.ceil(nbytes / (4 * nvals))
     npkts = chunks + (min(window, chunks) if is_float else 0)
@@ -1062,12 +1084,13 @@ def _loopback_call(
         stats["runs"] += 1
         now = ev.now
         out: list[tuple[int, Any]] = []  # (destination process, item)
-        pre = cal.wakeup if asleep[p] else 0.0
+        pc = cost[0 if p == 0 else 1]
+        pre = pc.wakeup if asleep[p] else 0.0
         asleep[p] = False
         if p == 0:
             items = queue[0][:batch]
             del queue[0][:batch]
-            pre += cal.switch_call + len(items) * (cal.recv + cal.switch_kernel)
+            pre += pc.call + len(items) * (pc.recv + pc.kernel)
             for w, c in items:
                 if contributed[c, w]:  # a retransmission
                     if arrived[c] == workers:
@@ -1083,11 +1106,11 @@ def _loopback_call(
             for c in range(min(window, npkts)):
                 sent_new(p, c, now)
                 out.append((0, (p, c)))
-            pre += cal.host_call + len(out) * cal.host_kernel
+            pre += pc.call + len(out) * pc.kernel
         else:
             items = queue[p][:batch]
             del queue[p][:batch]
-            pre += cal.host_call + len(items) * (cal.recv + cal.host_kernel)
+            pre += pc.call + len(items) * (pc.recv + pc.kernel)
             for c in items:
                 if got[p, c]:
                     stats["duplicates_at_workers"] += 1
@@ -1119,7 +1142,7 @@ def _loopback_call(
                 out.append((0, (p, c)))
                 stats["retransmissions"] += 1
         t = now + pre
-        step = cal.send
+        step = pc.send
         for dst, item in out:
             t += step
             ev.at(t, deliver, dst, item)
@@ -1433,10 +1456,15 @@ def what_if(
         "switch_pps": link_pps * workers,
     }
     if cal is not None:
-        out["shard_pps"] = cal.shard_pps
-        out["shards"] = math.ceil(link_pps * workers / cal.shard_pps)
-        out["shards_kernel_only"] = math.ceil(link_pps * workers / cal.shard_pps_kernel_only)
-        out["worker_cores"] = math.ceil(link_pps * cal.host_packet)
+        # isolated per-packet costs at this packet size, times the in-situ factors
+        # measured in a real multi-process run (kernel only: no socket I/O at all)
+        v = values_per_packet
+        out["shard_pps"] = cal.shard_pps_at(v) / cal.switch_in_situ
+        out["shard_pps_kernel_only"] = cal.shard_pps_kernel_only_at(v)
+        out["host_packet"] = cal.host_packet_at(v) * cal.host_in_situ
+        out["shards"] = math.ceil(link_pps * workers / out["shard_pps"])
+        out["shards_kernel_only"] = math.ceil(link_pps * workers / out["shard_pps_kernel_only"])
+        out["worker_cores"] = math.ceil(link_pps * out["host_packet"])
     return out
 
 

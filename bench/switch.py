@@ -30,6 +30,7 @@ import numpy as np
 from numba import njit
 
 from swemu import fastio, wire
+from swemu.netutil import set_socket_buffers
 
 
 def serve(mode: str, ports: list[int], size_code: int, window: int, ready: str) -> None:
@@ -133,6 +134,7 @@ def measure(mode: str, *, workers: int, size_code: int, window: int, seconds: fl
     socks = []
     for _ in range(workers):
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        set_socket_buffers(s)
         s.bind(("127.0.0.1", 0))
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, np.array([2, 0], np.int64).tobytes())
         socks.append(s)

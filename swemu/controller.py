@@ -502,6 +502,7 @@ class EmulatorTarget:
         for job in eng.jobs.values():
             eng.faults[job.index, :, P_LOSS_IN] = drops.ingress
             eng.faults[job.index, :, P_LOSS_OUT] = drops.egress
+        eng.refresh_fault_flags()
 
     def watch_releases(self, callback: Callable[[Any], None]) -> None:
         self.engine.release_hooks.append(callback)

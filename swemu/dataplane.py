@@ -75,6 +75,9 @@ class DataPlaneStats:
     recv_errors: int = 0
 
 
+# SwitchEngine.fault_flags: any duplication configured / any fault on the way out
+FLAG_DUPLICATE, FLAG_EGRESS = 0, 1
+
 # columns of the compiled loop's stats array
 S_BATCHES, S_PACKETS, S_SENT, S_SEND_DROPS = 0, 1, 2, 3
 
@@ -115,11 +118,13 @@ def _switch_batch(now, n, counts, io, state):
         out_stride,
         _q_base,
         _q_stride,
+        fault_flags,
     ) = io
     addr_keys, addr_vals, faults, fault_counters = state[0], state[1], state[15], state[16]
-    n = faults_mod.duplicate_rows(
-        buf, lens, ip, port, n, buf.shape[0], addr_keys, addr_vals, faults, fault_counters
-    )
+    if fault_flags[FLAG_DUPLICATE]:
+        n = faults_mod.duplicate_rows(
+            buf, lens, ip, port, n, buf.shape[0], addr_keys, addr_vals, faults, fault_counters
+        )
     nd = _process_batch(
         buf,
         lens,
@@ -139,6 +144,14 @@ def _switch_batch(now, n, counts, io, state):
     )
     counts[0] = n
     counts[1] = nd
+    if not fault_flags[FLAG_EGRESS]:  # no fault on the way out: send everything now
+        for d in range(nd):
+            r = dest_row[d]
+            row_ptr[d] = out_base + out_stride * r
+            row_len[d] = out_len[r]
+            send_ip[d] = dest_ip[d]
+            send_port[d] = dest_port[d]
+        return nd
     return faults_mod.egress(
         now,
         nd,
@@ -196,24 +209,233 @@ def _send_due_fast(now, fd, tx, io, stats):
 
 
 @njit(cache=True, nogil=True)
-def _drain(fd, max_batches, now, cap, rx, tx, io, stats, counts, state):
+def _step(
+    now,
+    n,
+    counts,
+    buf,
+    lens,
+    ip,
+    port,
+    action,
+    out_buf,
+    out_len,
+    out_job,
+    dest_row,
+    dest_ip,
+    dest_port,
+    dest_worker,
+    link_free,
+    q_buf,
+    q_len,
+    q_due,
+    q_ip,
+    q_port,
+    row_ptr,
+    row_len,
+    send_ip,
+    send_port,
+    out_base,
+    out_stride,
+    q_base,
+    q_stride,
+    fault_flags,
+    addr_keys,
+    addr_vals,
+    job_workers,
+    job_pool,
+    job_code,
+    job_last_seen,
+    values,
+    exps,
+    bitmap,
+    count,
+    dst_ip,
+    dst_port,
+    job_counters,
+    worker_counters,
+    global_counters,
+    faults,
+    fault_counters,
+):
+    """:func:`_switch_batch` with its arrays as separate arguments: the form to
+    call from Python (Numba types separate array arguments much faster than
+    tuples of them)."""
+    io = (
+        buf,
+        lens,
+        ip,
+        port,
+        action,
+        out_buf,
+        out_len,
+        out_job,
+        dest_row,
+        dest_ip,
+        dest_port,
+        dest_worker,
+        link_free,
+        q_buf,
+        q_len,
+        q_due,
+        q_ip,
+        q_port,
+        row_ptr,
+        row_len,
+        send_ip,
+        send_port,
+        out_base,
+        out_stride,
+        q_base,
+        q_stride,
+        fault_flags,
+    )
+    state = (
+        addr_keys,
+        addr_vals,
+        job_workers,
+        job_pool,
+        job_code,
+        job_last_seen,
+        values,
+        exps,
+        bitmap,
+        count,
+        dst_ip,
+        dst_port,
+        job_counters,
+        worker_counters,
+        global_counters,
+        faults,
+        fault_counters,
+    )
+    return _switch_batch(now, n, counts, io, state)
+
+
+@njit(cache=True, nogil=True)
+def _drain(
+    fd,
+    max_batches,
+    now,
+    cap,
+    rx_hdr,
+    rx_ptr,
+    rx_names,
+    tx_hdr,
+    tx_ptr,
+    tx_iov,
+    tx_names,
+    stats,
+    counts,
+    buf,
+    lens,
+    ip,
+    port,
+    action,
+    out_buf,
+    out_len,
+    out_job,
+    dest_row,
+    dest_ip,
+    dest_port,
+    dest_worker,
+    link_free,
+    q_buf,
+    q_len,
+    q_due,
+    q_ip,
+    q_port,
+    row_ptr,
+    row_len,
+    send_ip,
+    send_port,
+    out_base,
+    out_stride,
+    q_base,
+    q_stride,
+    fault_flags,
+    addr_keys,
+    addr_vals,
+    job_workers,
+    job_pool,
+    job_code,
+    job_last_seen,
+    values,
+    exps,
+    bitmap,
+    count,
+    dst_ip,
+    dst_port,
+    job_counters,
+    worker_counters,
+    global_counters,
+    faults,
+    fault_counters,
+):
     """The whole per-packet path in compiled code: send what the delay queue
-    holds that is due, then repeatedly recvmmsg a batch (``rx`` = header
-    vector, its address, names), run it through the switch
-    (:func:`_switch_batch`) and sendmmsg the results (``tx`` = header vector,
-    its address, iovecs, names), until the socket is empty or after
-    ``max_batches`` (to let the event loop breathe). Returns packets received."""
+    holds that is due, then repeatedly recvmmsg a batch, run it through the
+    switch (:func:`_switch_batch`) and sendmmsg the results, until the socket is
+    empty or after ``max_batches`` (to let the event loop breathe). Returns the
+    packets received. Arguments: the message vectors, then :meth:`DataPlane._io`
+    and :meth:`SwitchEngine.kernel_state`, unpacked."""
+    io = (
+        buf,
+        lens,
+        ip,
+        port,
+        action,
+        out_buf,
+        out_len,
+        out_job,
+        dest_row,
+        dest_ip,
+        dest_port,
+        dest_worker,
+        link_free,
+        q_buf,
+        q_len,
+        q_due,
+        q_ip,
+        q_port,
+        row_ptr,
+        row_len,
+        send_ip,
+        send_port,
+        out_base,
+        out_stride,
+        q_base,
+        q_stride,
+        fault_flags,
+    )
+    state = (
+        addr_keys,
+        addr_vals,
+        job_workers,
+        job_pool,
+        job_code,
+        job_last_seen,
+        values,
+        exps,
+        bitmap,
+        count,
+        dst_ip,
+        dst_port,
+        job_counters,
+        worker_counters,
+        global_counters,
+        faults,
+        fault_counters,
+    )
+    tx = (tx_hdr, tx_ptr, tx_iov, tx_names)
     _send_due_fast(now, fd, tx, io, stats)
-    lens, ip, port = io[1], io[2], io[3]
-    row_ptr, row_len, send_ip, send_port = io[18], io[19], io[20], io[21]
     total = 0
     for _ in range(max_batches):
-        n = fastio.recv_batch(fd, rx[0], rx[1], cap, lens, ip, port, rx[2])
+        n = fastio.recv_batch(fd, rx_hdr, rx_ptr, cap, lens, ip, port, rx_names)
         if n == 0:
             break
         m = _switch_batch(now, n, counts, io, state)
         sent = fastio.send_batch(
-            fd, tx[0], tx[1], tx[2], tx[3], m, row_ptr, row_len, send_ip, send_port
+            fd, tx_hdr, tx_ptr, tx_iov, tx_names, m, row_ptr, row_len, send_ip, send_port
         )
         stats[S_BATCHES] += 1
         stats[S_PACKETS] += n
@@ -340,7 +562,7 @@ class DataPlane:
     def compile(self) -> None:
         """Compile (or load from the cache) every kernel of both paths now, so
         that the first packets do not wait for Numba."""
-        _switch_batch(0.0, 0, self._counts, self._io(), self.engine.kernel_state())
+        _step(0.0, 0, self._counts, *self._io(), *self.engine.kernel_state())
         self._send_due()
         if self.fast and not self.echo:
             self._drain_fast()  # an empty socket: returns at once, compiled
@@ -384,6 +606,7 @@ class DataPlane:
             b.out_buf.strides[0],
             q.buf.ctypes.data,
             q.buf.strides[0],
+            self.engine.fault_flags,
         )
 
     def _on_readable(self) -> None:
@@ -403,12 +626,17 @@ class DataPlane:
             MAX_BATCHES_PER_WAKEUP,
             self.loop.time(),
             self.capacity,
-            (rx.hdr, rx.hdr_ptr, rx.names),
-            (tx.hdr, tx.hdr_ptr, tx.iov, tx.names),
-            self._io(),
+            rx.hdr,
+            rx.hdr_ptr,
+            rx.names,
+            tx.hdr,
+            tx.hdr_ptr,
+            tx.iov,
+            tx.names,
             self._fast_stats,
             self._counts,
-            self.engine.kernel_state(),
+            *self._io(),
+            *self.engine.kernel_state(),
         )
         self._sync_stats()
 
@@ -452,7 +680,7 @@ class DataPlane:
             if n == 0:
                 break
             now = self.loop.time()
-            m = _switch_batch(now, n, self._counts, self._io(), self.engine.kernel_state())
+            m = _step(now, n, self._counts, *self._io(), *self.engine.kernel_state())
             if self.tap is not None:
                 b.n, b.n_dest = int(self._counts[0]), int(self._counts[1])
                 self.tap(b, now)

@@ -212,6 +212,9 @@ class SwitchEngine:
         self.faults = np.zeros((mj, MAX_WORKERS, K.N_FAULT_PARAMS), np.float64)
         self.fault_counters = np.zeros((mj, K.N_FAULT_COUNTERS), np.int64)
         self.fault_defaults = np.zeros(K.N_FAULT_PARAMS, np.float64)
+        # is any duplication / any fault on the way out configured at all (the I/O
+        # path skips those stages when not); kept current by refresh_fault_flags()
+        self.fault_flags = np.zeros(2, np.int64)
         self.values = K.make_list(K.VALUES_T)
         self.exps = K.make_list(K.EXPS_T)
         self.bitmap = K.make_list(K.BITMAP_T)
@@ -401,6 +404,14 @@ class SwitchEngine:
         return self._by_index.get(index)
 
     # --------------------------------------------------------------------- data
+    def refresh_fault_flags(self) -> None:
+        """Recompute :attr:`fault_flags` after fault settings changed."""
+        out = [K.P_LOSS_OUT, K.P_DELAY, K.P_REORDER, K.P_LINK_BPS]
+        self.fault_flags[0] = bool(
+            self.faults[..., K.P_DUPLICATE].any() or self.fault_defaults[K.P_DUPLICATE] > 0
+        )
+        self.fault_flags[1] = bool(self.faults[..., out].any() or self.fault_defaults[out].any())
+
     def kernel_state(self) -> tuple:
         """The switch-state arguments of the data-plane kernels, in their order.
 

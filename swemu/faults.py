@@ -292,6 +292,7 @@ def configure(
             engine.faults[j, rank, :] = params
     if config.delays and dataplane is not None:
         dataplane.enable_delay_queue()
+    engine.refresh_fault_flags()
     if seed is not None:
         K.seed(seed)
 
