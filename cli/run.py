@@ -56,10 +56,10 @@ from .terminal import SIZE, CLIError, terminal
 )
 @click.option(
     "--window",
-    default=128,
-    show_default=True,
+    default=None,
     type=click.IntRange(1, 16384),
-    help="Slots in flight per worker (the job's pool size).",
+    help="Slots in flight per worker (the job's pool size) [default: 128, fewer for large "
+    "packets: at most 512 KiB in flight].",
 )
 @click.option(
     "--no-progress",
