@@ -42,7 +42,6 @@ def main() -> int:
     except hostlib.SwitchMLError as exc:
         report["error"] = str(exc)
         print(RESULT_PREFIX + json.dumps(report), flush=True)
-        print(f"rank {rank}: {exc}", file=sys.stderr)
         return 2
     print(RESULT_PREFIX + json.dumps(report), flush=True)
     return 0 if all(i["ok"] for i in report["iters"]) else 1

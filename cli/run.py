@@ -243,8 +243,8 @@ def _report(results, failed, workers, size, dtype, packet_size, window, json_out
             str(retx),
             "[green]ok[/]" if ok else "[red]WRONG[/]",
         )
-    terminal.out.print(table)
     if rows:
+        terminal.out.print(table)
         med = statistics.median(r["time"] for r in rows)
         terminal.out.print(
             f"median {med * 1e3:.1f} ms per allreduce, "

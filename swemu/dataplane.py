@@ -144,14 +144,6 @@ def _switch_batch(now, n, counts, io, state):
     )
     counts[0] = n
     counts[1] = nd
-    if not fault_flags[FLAG_EGRESS]:  # no fault on the way out: send everything now
-        for d in range(nd):
-            r = dest_row[d]
-            row_ptr[d] = out_base + out_stride * r
-            row_len[d] = out_len[r]
-            send_ip[d] = dest_ip[d]
-            send_port[d] = dest_port[d]
-        return nd
     return faults_mod.egress(
         now,
         nd,
@@ -176,6 +168,7 @@ def _switch_batch(now, n, counts, io, state):
         row_len,
         send_ip,
         send_port,
+        fault_flags[FLAG_EGRESS],
     )
 
 

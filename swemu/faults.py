@@ -172,27 +172,32 @@ def egress(
     row_len,
     send_ip,
     send_port,
+    any_fault,
 ):
     """Apply loss/delay/reorder/link rate to the ``nd`` destinations of a batch.
 
     Packets that leave now are written (compacted) to ``row_ptr/row_len/
     send_ip/send_port``; delayed ones are copied into the queue. Returns the
-    number that leave now."""
+    number that leave now. With ``any_fault`` false (no fault on the way out is
+    configured anywhere) every packet leaves now without a look at ``faults``."""
     m = 0
     qcap = q_len.shape[0]
     qpos = 0
     for d in range(nd):
         r = dest_row[d]
+        plen = out_len[r]
         j = out_job[r]
         w = dest_worker[d]
-        plen = out_len[r]
-        p_out = faults[j, w, K.P_LOSS_OUT]
-        if p_out > 0.0 and np.random.random() < p_out:
-            fault_counters[j, K.F_LOSS_OUT] += 1
-            continue
-        delay = faults[j, w, K.P_DELAY]
-        reorder = faults[j, w, K.P_REORDER]
-        bps = faults[j, w, K.P_LINK_BPS]
+        if any_fault:
+            p_out = faults[j, w, K.P_LOSS_OUT]
+            if p_out > 0.0 and np.random.random() < p_out:
+                fault_counters[j, K.F_LOSS_OUT] += 1
+                continue
+            delay = faults[j, w, K.P_DELAY]
+            reorder = faults[j, w, K.P_REORDER]
+            bps = faults[j, w, K.P_LINK_BPS]
+        else:
+            delay = reorder = bps = 0.0
         if delay <= 0.0 and reorder <= 0.0 and bps <= 0.0:
             row_ptr[m] = out_base + out_stride * r
             row_len[m] = plen
