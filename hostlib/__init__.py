@@ -130,6 +130,7 @@ def connect(
     connect_timeout: float | None = None,
     join_timeout: float | None = None,
     bind: str | None = None,
+    gso: bool | None = None,
 ) -> Context:
     """Join a SwitchML job (blocking API); use as a context manager.
 
@@ -140,7 +141,9 @@ def connect(
     packets: at most 512 KiB in flight). ``timeout``,
     ``backoff_after``, ``max_timeout``, ``no_progress`` and ``reorder_guard``
     set retransmission, failure detection and protection against reordering
-    networks (see :class:`Timing`).
+    networks (see :class:`Timing`). ``gso=False`` turns off UDP segmentation
+    offload (on by default where the kernel and the route allow it; the switch
+    sees the same datagrams either way, and ``SWITCHML_GSO=0`` also turns it off).
     """
     return Context(_options(**_kwargs(locals())))
 
@@ -162,6 +165,7 @@ def aconnect(
     connect_timeout: float | None = None,
     join_timeout: float | None = None,
     bind: str | None = None,
+    gso: bool | None = None,
 ) -> AsyncContext:
     """The asyncio twin of :func:`connect`: ``async with hostlib.aconnect(...) as actx``."""
     return AsyncContext(_options(**_kwargs(locals())))

@@ -19,8 +19,10 @@ import numpy as np
 from swemu import fastio, wire
 from swemu.netutil import mac_of_ipv4, parse_address, resolve_ipv4, set_socket_buffers
 
+from . import fastpath
 from .control import ControlClient, Membership
 from .errors import SwitchMLError
+from .kernels import K_RESULTS
 from .protocol import Allreduce, Timing, WorkerProtocol, warmup
 
 BATCH = 64
@@ -47,6 +49,7 @@ class Options:
     connect_timeout: float = 10.0
     join_timeout: float = 120.0
     bind: str | None = None  # local IP to send from (None: the route to the switch)
+    gso: bool = True  # UDP segmentation offload where the kernel and the route allow it
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:
@@ -84,6 +87,7 @@ class AsyncContext:
         self._lens = np.zeros(BATCH, np.int32)
         self._ok = np.zeros(BATCH, np.uint8)
         self.stale = 0  # datagrams that arrived between calls
+        self.gso_segments = 1  # packets per send message (1: no segmentation offload)
         self.last_stats: dict[str, int] = {}  # counters of the last call
 
     # ---------------------------------------------------------------- lifetime
@@ -151,20 +155,20 @@ class AsyncContext:
         self._loop.add_reader(sock.fileno(), self._on_readable)
 
     def _setup_fast(self, ports: list[int]) -> None:
-        """Arrays of the compiled I/O path: per-slot destinations, message vectors."""
-        k = self.options.window
-        self._rx = fastio.MsgVec(BATCH)
-        self._rx.point_at_rows(self._batch)
-        self._tx = fastio.MsgVec(min(k, 1024))
-        self._switch_ip_int = wire.ipv4_to_int(self._switch_ip)
-        self._port_list = np.array(sorted(ports), np.int32)
-        self._slot_ip = np.full(k, self._switch_ip_int, np.uint32)
-        self._slot_port = np.array([ports[s % len(ports)] for s in range(k)], np.int32)
-        self._src_ip = np.zeros(BATCH, np.uint32)
-        self._src_port = np.zeros(BATCH, np.int32)
-        rows = self.protocol.rows
-        self._slot_ptr = rows.ctypes.data + rows.strides[0] * np.arange(k, dtype=np.int64)
-        self._slot_len = np.full(k, rows.shape[1], np.int64)
+        """Message vectors and arguments of the compiled I/O loop."""
+        seg_max = 1
+        if self.options.gso:
+            seg_max = fastpath.enable_gso(self._sock, self.protocol.rows.shape[1], self._switch_ip)
+        self.gso_segments = seg_max
+        self._io = fastpath.FastIO(
+            self._batch,
+            self._lens,
+            self._ok,
+            self.protocol.rows,
+            wire.ipv4_to_int(self._switch_ip),
+            ports,
+            seg_max,
+        )
 
     def close(self) -> None:
         """Leave: stop reading and close the socket (a running call fails)."""
@@ -224,19 +228,7 @@ class AsyncContext:
         if n == 0:
             return
         if self.fast:
-            slots = op.send[:n]
-            fastio.send_batch(
-                self._sock.fileno(),
-                self._tx.hdr,
-                self._tx.hdr_ptr,
-                self._tx.iov,
-                self._tx.names,
-                n,
-                self._slot_ptr[slots],
-                self._slot_len[slots],
-                self._slot_ip[slots],
-                self._slot_port[slots],
-            )
+            self._io.send(self._sock.fileno(), op.send, n)
             return  # what the kernel did not take is resent by the retransmission timer
         sendto = self._sock.sendto
         dests = self._dests
@@ -284,25 +276,17 @@ class AsyncContext:
                 return
 
     def _on_readable_fast(self, fd: int) -> None:
-        rx, lens, ok = self._rx, self._lens, self._ok
-        while True:
-            n = fastio.recv_batch(
-                fd, rx.hdr, rx.hdr_ptr, BATCH, lens, self._src_ip, self._src_port, rx.names
-            )
-            if n == 0:
-                return
-            ok[:n] = (self._src_ip[:n] == self._switch_ip_int) & np.isin(
-                self._src_port[:n], self._port_list
-            )
-            op = self._op
-            if op is None:
-                self.stale += n
-            else:
-                self._send(op, op.receive(self._batch, lens, ok, n, self._loop.time()))
-                if op.done:
-                    self._finish()
-            if n < BATCH:
-                return
+        op = self._op
+        if op is None:  # between calls: count and drop
+            self.stale += self._io.discard(fd)
+            return
+        now = self._loop.time()
+        before = op.counters[K_RESULTS]
+        self._io.pump(fd, now, op.result_args)
+        if op.counters[K_RESULTS] != before:
+            op.last_progress = now
+            if op.done:
+                self._finish()
 
     def _arm(self) -> None:
         op = self._op
@@ -337,34 +321,7 @@ def _warmup_once() -> None:
     if not _warm:
         warmup()
         if fastio.AVAILABLE:
-            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            try:
-                v = fastio.MsgVec(1)
-                z = np.zeros(1, np.int64)
-                fastio.recv_batch(
-                    s.fileno(),
-                    v.hdr,
-                    v.hdr_ptr,
-                    0,
-                    np.zeros(1, np.int32),
-                    np.zeros(1, np.uint32),
-                    np.zeros(1, np.int32),
-                    v.names,
-                )
-                fastio.send_batch(
-                    s.fileno(),
-                    v.hdr,
-                    v.hdr_ptr,
-                    v.iov,
-                    v.names,
-                    0,
-                    z,
-                    z,
-                    np.zeros(1, np.uint32),
-                    np.zeros(1, np.int32),
-                )
-            finally:
-                s.close()
+            fastpath.warmup()
         _warm = True
 
 

@@ -156,8 +156,10 @@ class Allreduce:
         else:
             self.xi, self.xf, self.oi, self.of = x, empty_f, out, empty_f
         self.limit = float(K.INT32_MAX // proto.num_workers)
+        self.expected_results = self.nchunks + (min(k, self.nchunks) if self.is_float else 0)
         self.last_progress = now
         self._started = False
+        self._rargs: tuple | None = None
         if self.is_float:
             status = K._chunk_exponents(x, nv, self.my_exp)
             if status == 1:
@@ -170,7 +172,9 @@ class Allreduce:
 
     @property
     def done(self) -> bool:
-        return self.nchunks == 0 or (self._started and bool(np.all(self.chunk == K.DONE)))
+        """Every result is in: one per chunk, plus one exponent result per slot used
+        (float32). Each accepted result advances its slot once, so the count decides."""
+        return self.nchunks == 0 or int(self.counters[K.K_RESULTS]) == self.expected_results
 
     def _args(self) -> tuple:
         p = self.proto
@@ -197,6 +201,46 @@ class Allreduce:
             self.limit,
         )
 
+    @property
+    def result_args(self) -> tuple:
+        """The arguments of :func:`hostlib.kernels._on_results` after ``now``
+        (built once per call: the compiled I/O loop of the client takes them too)."""
+        if self._rargs is None:
+            p = self.proto
+            t = p.timing
+            self._rargs = (
+                p.rows,
+                self.xi,
+                self.xf,
+                self.oi,
+                self.of,
+                self.is_float,
+                self.nchunks,
+                p.nvals,
+                p.window,
+                p.num_workers,
+                int(p.size_code),
+                self.job_number,
+                self.chunk,
+                self.cur_set,
+                p.next_set,
+                self.deadline,
+                self.rto,
+                self.tries,
+                self.my_exp,
+                self.shared_exp,
+                t.timeout,
+                t.max_timeout,
+                p.rtt,
+                self.limit,
+                self.send,
+                self.counters,
+                p.quiet,
+                self.waiting,
+                t.reorder_guard,
+            )
+        return self._rargs
+
     def initial(self, now: float) -> int:
         """Build the first window; return the count of slots in :attr:`send` to send."""
         if self.nchunks == 0:
@@ -216,44 +260,8 @@ class Allreduce:
     def receive(self, buf: np.ndarray, lens: np.ndarray, ok: np.ndarray, n: int, now: float) -> int:
         """Feed ``n`` received datagrams (rows of ``buf``); ``ok[r]`` says it came
         from the switch. Returns the count of slots in :attr:`send` to send."""
-        p = self.proto
         before = self.counters[K.K_RESULTS]
-        m = K._on_results(
-            buf,
-            lens,
-            ok,
-            n,
-            now,
-            p.rows,
-            self.xi,
-            self.xf,
-            self.oi,
-            self.of,
-            self.is_float,
-            self.nchunks,
-            p.nvals,
-            p.window,
-            p.num_workers,
-            int(p.size_code),
-            self.job_number,
-            self.chunk,
-            self.cur_set,
-            p.next_set,
-            self.deadline,
-            self.rto,
-            self.tries,
-            self.my_exp,
-            self.shared_exp,
-            p.timing.timeout,
-            p.timing.max_timeout,
-            p.rtt,
-            self.limit,
-            self.send,
-            self.counters,
-            p.quiet,
-            self.waiting,
-            p.timing.reorder_guard,
-        )
+        m = K._on_results(buf, lens, ok, n, now, *self.result_args)
         if self.counters[K.K_RESULTS] != before:
             self.last_progress = now
         self.counters[K.K_SENT] += m

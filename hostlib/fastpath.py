@@ -1,0 +1,327 @@
+"""The worker's compiled I/O loop: receive, match, answer, in one Numba call.
+
+On every readiness callback the client calls :func:`pump` once. It drains the
+socket with ``recvmmsg`` in batches, marks which datagrams came from the
+switch, feeds each batch to :func:`hostlib.kernels._on_results` and sends the
+packets that batch released with ``sendmmsg``, until the socket is empty. No
+Python runs per batch: the only interpreter work per wakeup is the call
+itself. (A first version checked sources with ``np.isin`` and dispatched three
+kernels per batch; that Python glue cost a third of a worker's CPU.)
+
+The parameters are separate arrays and scalars, not tuples: Numba's dispatcher
+types a tuple of arrays from Python far more slowly than the arrays themselves.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import numpy as np
+from numba import njit
+
+from swemu import fastio
+
+from . import kernels as K
+
+
+@njit(cache=True, nogil=True)
+def send_slots(
+    fd, hdr, hdr_ptr, iov, names, send, n, slot_ptr, slot_len, slot_ip, slot_port, ports, seg_max
+):
+    """Send the packets of the first ``n`` slots listed in ``send``: each slot's
+    row, to its shard's port. Returns the count of messages the kernel refused
+    (their slots are resent by the retransmission timer).
+
+    With UDP segmentation offload (the socket's ``UDP_SEGMENT`` option set to
+    the packet length, ``seg_max`` > 1), up to ``seg_max`` packets for the same
+    port travel as one message whose iovecs are their rows: the kernel builds
+    one buffer and cuts it into datagrams of the packet length late, so the
+    per-datagram cost of the send path is paid once per message. The receiver
+    sees ordinary datagrams. ``hdr``/``iov``/``names`` need room for ``n``."""
+    m = 0  # messages built
+    j = 0  # iovecs used
+    iov_ptr = hdr[0, 2]  # the vector's iovec array (message 0 points at its start)
+    for p in ports:
+        g = 0
+        for d in range(n):
+            s = send[d]
+            if slot_port[s] != p:
+                continue
+            if g == 0:
+                hdr[m, 1] = 16
+                hdr[m, 2] = iov_ptr + np.uint64(16 * j)
+                nm = names[m]
+                nm[2] = np.uint8((p >> 8) & 0xFF)
+                nm[3] = np.uint8(p & 0xFF)
+                ip = np.uint32(slot_ip[s])
+                nm[4] = np.uint8(ip >> np.uint32(24))
+                nm[5] = np.uint8((ip >> np.uint32(16)) & np.uint32(0xFF))
+                nm[6] = np.uint8((ip >> np.uint32(8)) & np.uint32(0xFF))
+                nm[7] = np.uint8(ip & np.uint32(0xFF))
+                m += 1
+            iov[j, 0] = np.uint64(slot_ptr[s])
+            iov[j, 1] = np.uint64(slot_len[s])
+            j += 1
+            g += 1
+            hdr[m - 1, 3] = g
+            if g == seg_max:
+                g = 0
+    done = 0
+    while done < m:
+        r = fastio.c_sendmmsg(fd, hdr_ptr + 64 * done, m - done, fastio.MSG_DONTWAIT)
+        if r <= 0:
+            break
+        done += r
+    return m - done
+
+
+@njit(cache=True, nogil=True)
+def pump(
+    now,
+    fd,
+    rx_hdr,
+    rx_hdr_ptr,
+    cap,
+    lens,
+    src_ip,
+    src_port,
+    rx_names,
+    ok,
+    switch_ip,
+    tx_hdr,
+    tx_hdr_ptr,
+    tx_iov,
+    tx_names,
+    slot_ptr,
+    slot_len,
+    slot_ip,
+    slot_port,
+    ports,
+    seg_max,
+    buf,
+    rows,
+    xi,
+    xf,
+    oi,
+    of,
+    is_float,
+    nchunks,
+    nvals,
+    nslots,
+    num_workers,
+    code,
+    job_number,
+    chunk,
+    cur_set,
+    next_set,
+    deadline,
+    rto,
+    tries,
+    my_exp,
+    shared_exp,
+    rto_min,
+    rto_max,
+    rtt,
+    limit,
+    send,
+    counters,
+    quiet,
+    waiting,
+    guard,
+):
+    """Drain the socket (``cap`` datagrams per ``recvmmsg``) into ``buf``, match
+    every batch and send what it releases. Returns the datagrams received."""
+    total = 0
+    while True:
+        n = fastio.recv_batch(fd, rx_hdr, rx_hdr_ptr, cap, lens, src_ip, src_port, rx_names)
+        if n == 0:
+            return total
+        total += n
+        for r in range(n):
+            good = 0
+            if src_ip[r] == switch_ip:
+                for p in ports:
+                    if src_port[r] == p:
+                        good = 1
+            ok[r] = good
+        m = K._on_results(
+            buf,
+            lens,
+            ok,
+            n,
+            now,
+            rows,
+            xi,
+            xf,
+            oi,
+            of,
+            is_float,
+            nchunks,
+            nvals,
+            nslots,
+            num_workers,
+            code,
+            job_number,
+            chunk,
+            cur_set,
+            next_set,
+            deadline,
+            rto,
+            tries,
+            my_exp,
+            shared_exp,
+            rto_min,
+            rto_max,
+            rtt,
+            limit,
+            send,
+            counters,
+            quiet,
+            waiting,
+            guard,
+        )
+        counters[K.K_SENT] += m
+        if m > 0:
+            send_slots(
+                fd,
+                tx_hdr,
+                tx_hdr_ptr,
+                tx_iov,
+                tx_names,
+                send,
+                m,
+                slot_ptr,
+                slot_len,
+                slot_ip,
+                slot_port,
+                ports,
+                seg_max,
+            )
+        if n < cap:
+            return total
+
+
+class FastIO:
+    """The preallocated message vectors of one worker socket and the argument
+    groups of :func:`pump` and :func:`send_slots`, built once per membership.
+
+    ``batch`` receives datagrams (one per row; ``lens``/``ok`` per row), ``rows``
+    are the protocol's outstanding packets (one per slot), slot s goes to
+    ``switch_ip:ports[s % len(ports)]`` (PROTOCOL.md §5 ``data_ports``).
+    ``seg_max`` > 1 sends up to that many packets per message (the socket must
+    have ``UDP_SEGMENT`` set to the packet length, see :func:`enable_gso`)."""
+
+    def __init__(
+        self,
+        batch: np.ndarray,
+        lens: np.ndarray,
+        ok: np.ndarray,
+        rows: np.ndarray,
+        switch_ip: int,
+        ports: list[int],
+        seg_max: int = 1,
+    ) -> None:
+        cap = batch.shape[0]
+        k = rows.shape[0]
+        self.batch = batch
+        self.cap = cap
+        self.lens = lens
+        self.rx = fastio.MsgVec(cap)
+        self.rx.point_at_rows(batch)
+        self.tx = fastio.MsgVec(k)
+        self.src_ip = np.zeros(cap, np.uint32)
+        self.src_port = np.zeros(cap, np.int32)
+        rx, tx = self.rx, self.tx
+        self.rx_args = (
+            rx.hdr,
+            rx.hdr_ptr,
+            cap,
+            lens,
+            self.src_ip,
+            self.src_port,
+            rx.names,
+            ok,
+            int(switch_ip),
+        )
+        self.tx_args = (tx.hdr, tx.hdr_ptr, tx.iov, tx.names)
+        self.slot_args = (
+            rows.ctypes.data + rows.strides[0] * np.arange(k, dtype=np.int64),
+            np.full(k, rows.shape[1], np.int64),
+            np.full(k, switch_ip, np.uint32),
+            np.array([ports[s % len(ports)] for s in range(k)], np.int32),
+            np.array(sorted(set(ports)), np.int32),
+            max(1, int(seg_max)),
+        )
+
+    def pump(self, fd: int, now: float, result_args: tuple) -> int:
+        """:func:`pump` for an allreduce whose ``Allreduce.result_args`` are given."""
+        args = (*self.rx_args, *self.tx_args, *self.slot_args, self.batch, *result_args)
+        return pump(now, fd, *args)
+
+    def send(self, fd: int, send: np.ndarray, n: int) -> int:
+        """Send the packets of the first ``n`` slots in ``send``."""
+        return send_slots(fd, *self.tx_args, send, n, *self.slot_args)
+
+    def discard(self, fd: int) -> int:
+        """Drain the socket between calls; return how many datagrams were dropped."""
+        rx = self.rx
+        total = 0
+        while True:
+            n = fastio.recv_batch(
+                fd, rx.hdr, rx.hdr_ptr, self.cap, self.lens, self.src_ip, self.src_port, rx.names
+            )
+            total += n
+            if n < self.cap:
+                return total
+
+
+UDP_SEGMENT = 103  # linux/udp.h: the socket option of UDP segmentation offload (4.18+)
+IP_MTU = 14  # linux/in.h: the path MTU of a connected socket
+GSO_MAX_BYTES = 65000  # one message's payload stays under the 64 KiB IP datagram limit
+GSO_MAX_SEGMENTS = 64  # UDP_MAX_SEGMENTS of Linux 4.18-6.x kernels (newer allow 128)
+
+
+def enable_gso(sock: socket.socket, packet_len: int, switch_ip: str) -> int:
+    """Turn on UDP segmentation offload for ``packet_len``-byte datagrams to the
+    switch; return the packets per message to use (1 when it is not possible).
+
+    It is possible when the kernel knows ``UDP_SEGMENT`` and one packet fits the
+    route's MTU unfragmented (the kernel refuses GSO otherwise; without GSO such
+    packets are IP-fragmented as before). ``SWITCHML_GSO=0`` turns it off."""
+    if os.environ.get("SWITCHML_GSO", "1") == "0":
+        return 1
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((switch_ip, 9))
+        mtu = probe.getsockopt(socket.IPPROTO_IP, IP_MTU)
+        if packet_len + 28 > mtu:  # IPv4 + UDP headers
+            return 1
+        sock.setsockopt(socket.IPPROTO_UDP, UDP_SEGMENT, packet_len)
+    except OSError:
+        return 1
+    finally:
+        probe.close()
+    return max(1, min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // packet_len))
+
+
+def warmup() -> None:
+    """Compile (or load from the cache) :func:`pump` and :func:`send_slots` for
+    both dtypes, on an unbound socket that never has data, so that no allreduce
+    waits for the compiler."""
+    from .protocol import WorkerProtocol
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for dtype in (np.int32, np.float32):
+            proto = WorkerProtocol(num_workers=1, size_code=0, window=1)
+            op = proto.allreduce(np.ones(40, dtype), None, 0.0)
+            batch = np.zeros((2, proto.rows.shape[1] + 1), np.uint8)
+            io = FastIO(
+                batch, np.zeros(2, np.int32), np.zeros(2, np.uint8), proto.rows, 0x7F000001, [9], 2
+            )
+            io.pump(sock.fileno(), 0.0, op.result_args)
+            io.send(sock.fileno(), op.send, 0)
+            io.discard(sock.fileno())
+    finally:
+        sock.close()
