@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--sizes", type=_list(None), default=[1 << 20, 16 << 20, 64 << 20])
     a.add_argument("--codes", type=_list(int), default=[1, 3, 6, 7])
     a.add_argument("--reps", type=int, default=5)
+    a.add_argument("--shards", type=int, default=1, help="data-plane processes of the emulator")
     a.add_argument("--out", type=Path, default=Path("bench/results"))
     lo = sub.add_parser("loss", help="goodput under injected loss vs lossless")
     lo.add_argument(
@@ -46,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--window", type=int, default=32)
     s.add_argument("--reps", type=int, default=5)
     s.add_argument("--seconds", type=float, default=1.0)
+    s.add_argument("--shards", type=int, default=1, help="data-plane processes (serve --shards)")
     s.add_argument("--out", type=Path, default=Path("bench/results"))
     args = p.parse_args(argv)
 
@@ -53,7 +55,12 @@ def main(argv: list[str] | None = None) -> int:
         from .allreduce import markdown, run, write_outputs
 
         data = run(
-            args.workers, args.sizes, args.codes, args.reps, log=lambda m: print(m, file=sys.stderr)
+            args.workers,
+            args.sizes,
+            args.codes,
+            args.reps,
+            log=lambda m: print(m, file=sys.stderr),
+            shards=args.shards,
         )
         paths = write_outputs(data, args.out)
         print(markdown(data))
@@ -81,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     for code in args.size_codes:
-        r = run_switch(args.workers, code, args.window, args.reps, args.seconds)
+        r = run_switch(args.workers, code, args.window, args.reps, args.seconds, args.shards)
         rows.append(r)
         print(
             f"{r['packet_bytes']:>6} B: aggregation {r['agg_pps'] / 1e3:7.0f} kpkt/s, "

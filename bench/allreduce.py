@@ -13,12 +13,15 @@ the median over repetitions, and every method's ratio to gloo's ring
 * ``gloo``: ``torch.distributed.all_reduce`` (gloo, ring);
 * ``ps``: the parameter-server pattern, gloo ``reduce`` to rank 0 + ``broadcast``.
 
+``--shards S`` starts the emulator with ``serve --shards S`` (S data-plane
+processes; the workers spread their slots over the S ports), to compare 1 vs 2.
+
 Memory is reported too: the emulator's RSS before and after the run (it must not
 grow with tensor size or traffic) and each worker's peak RSS next to its
 tensors' size.
 
 Run: ``python -m bench allreduce [--workers 2,4,8] [--sizes 1Mi,16Mi,64Mi]
-[--codes 1,3,6,7] [--reps 5] [--out DIR]``.
+[--codes 1,3,6,7] [--reps 5] [--shards 1] [--out DIR]``.
 """
 
 from __future__ import annotations
@@ -146,23 +149,34 @@ def stop_group(pipes: list, procs: list) -> int:
 
 
 def _rss(pid: int) -> int:
+    """Resident memory of a process and its children (the data-plane shards)."""
+    total = 0
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
+                total += int(line.split()[1]) * 1024
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     except OSError:
-        pass
-    return 0
+        return total
+    return total + sum(_rss(int(c)) for c in children)
 
 
-def run(workers: list[int], sizes: list[int], codes: list[int], reps: int, log=print) -> dict:
-    """Run the whole matrix; return the results as plain data."""
+def run(
+    workers: list[int],
+    sizes: list[int],
+    codes: list[int],
+    reps: int,
+    log=print,
+    shards: int = 1,
+) -> dict:
+    """Run the whole matrix against an emulator with ``shards`` data-plane
+    processes; return the results as plain data."""
     from swemu.launch import EmulatorProcess
 
     methods = [f"switchml-{c}" for c in codes] + [GLOO, PS]
     results: list[dict] = []
     memory: dict[str, Any] = {}
-    with EmulatorProcess("--max-pool-memory", "4GiB") as emu:
+    with EmulatorProcess("--max-pool-memory", "4GiB", shards=shards) as emu:
         memory["emulator_rss_start"] = _rss(emu.proc.pid)
         targets = [(f"switchml-{c}", emu.switch, emu.control, c) for c in codes]
         for w in workers:
@@ -191,7 +205,7 @@ def run(workers: list[int], sizes: list[int], codes: list[int], reps: int, log=p
                     )
         memory["emulator_rss_end"] = _rss(emu.proc.pid)
     memory["largest_tensor_bytes"] = max(sizes)
-    return {"results": results, "memory": memory, "reps": reps, "codes": codes}
+    return {"results": results, "memory": memory, "reps": reps, "codes": codes, "shards": shards}
 
 
 def markdown(data: dict) -> str:

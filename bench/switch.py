@@ -9,7 +9,11 @@ slots, then receives K packets back (the multicast results in ``agg``, its own
 packets in ``echo``), so both modes move exactly the same packets in and out.
 The two modes run alternately in one invocation; the report is the ratio.
 
-Run: ``python -m bench.switch [--size-code 3] [--workers 4] [--window 32]``.
+``--shards S`` runs S server processes as ``serve --shards`` does (shard i
+holds the slots ``s % S == i`` on its own port; the client sends slot s to
+port ``s % S``), so that 1 and 2 shards can be compared side by side.
+
+Run: ``python -m bench.switch [--size-code 3] [--workers 4] [--window 32] [--shards 1]``.
 """
 
 from __future__ import annotations
@@ -33,8 +37,15 @@ from swemu import fastio, wire
 from swemu.netutil import set_socket_buffers
 
 
-def serve(mode: str, ports: list[int], size_code: int, window: int, ready: str) -> None:
-    """The server process: one data plane in ``mode``, until SIGTERM."""
+def serve(
+    mode: str,
+    ports: list[int],
+    size_code: int,
+    window: int,
+    ready: str,
+    shard: tuple[int, int] = (0, 1),
+) -> None:
+    """The server process: one data plane in ``mode`` (shard ``i`` of ``S``), until SIGTERM."""
     import asyncio
 
     from swemu.dataplane import DataPlane, bind_udp
@@ -42,7 +53,7 @@ def serve(mode: str, ports: list[int], size_code: int, window: int, ready: str) 
 
     async def main() -> None:
         warmup()
-        engine = SwitchEngine(EngineConfig(pool_size=max(window, 1)))
+        engine = SwitchEngine(EngineConfig(pool_size=max(window, 1)), shard=shard)
         for rank, port in enumerate(ports):
             engine.register(
                 session_id=1,
@@ -79,7 +90,7 @@ def _rounds(
     pkt_ptr,
     plen,
     dst_ip,
-    dst_port,
+    dst_ports,
     tx_hdr,
     tx_ptr,
     tx_iov,
@@ -91,13 +102,13 @@ def _rounds(
     src_ip,
     src_port,
 ):
-    """Drive ``rounds`` windows through the switch; return rounds completed
-    (fewer means a receive timed out: a packet was lost)."""
+    """Drive ``rounds`` windows through the switch (slot s to ``dst_ports[s]``);
+    return rounds completed (fewer means a receive timed out: a packet was lost)."""
     w = fds.shape[0]
     ptrs = np.empty(window, np.int64)
     plens = np.full(window, plen, np.int64)
     ips = np.full(window, dst_ip, np.uint32)
-    ports = np.full(window, dst_port, np.int32)
+    ports = dst_ports
     for r in range(rounds):
         st = r & 1
         for k in range(w):
@@ -128,8 +139,10 @@ def _rounds(
     return rounds
 
 
-def measure(mode: str, *, workers: int, size_code: int, window: int, seconds: float) -> float:
-    """Packets per second into the switch (= out of it) for one server in ``mode``."""
+def measure(
+    mode: str, *, workers: int, size_code: int, window: int, seconds: float, shards: int = 1
+) -> float:
+    """Packets per second into the switch (= out of it) for ``shards`` servers in ``mode``."""
     plen = wire.packet_len(size_code)
     socks = []
     for _ in range(workers):
@@ -140,31 +153,40 @@ def measure(mode: str, *, workers: int, size_code: int, window: int, seconds: fl
         socks.append(s)
     ports = [s.getsockname()[1] for s in socks]
     with tempfile.TemporaryDirectory() as tmp:
-        ready = os.path.join(tmp, "ready")
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "bench.switch",
-                "--serve",
-                mode,
-                "--ports",
-                ",".join(map(str, ports)),
-                "--size-code",
-                str(size_code),
-                "--window",
-                str(window),
-                "--ready",
-                ready,
-            ]
-        )
+        readies = [os.path.join(tmp, f"ready{i}") for i in range(shards)]
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.switch",
+                    "--serve",
+                    mode,
+                    "--ports",
+                    ",".join(map(str, ports)),
+                    "--size-code",
+                    str(size_code),
+                    "--window",
+                    str(window),
+                    "--ready",
+                    ready,
+                    "--shard",
+                    str(i),
+                    "--shards",
+                    str(shards),
+                ]
+            )
+            for i, ready in enumerate(readies)
+        ]
         try:
-            while not os.path.exists(ready):
-                if proc.poll() is not None:
-                    raise RuntimeError("benchmark server exited at start")
-                time.sleep(0.02)
+            for proc, ready in zip(procs, readies):
+                while not os.path.exists(ready):
+                    if proc.poll() is not None:
+                        raise RuntimeError("benchmark server exited at start")
+                    time.sleep(0.02)
             time.sleep(0.05)
-            port = int(Path(ready).read_text())
+            server_ports = [int(Path(ready).read_text()) for ready in readies]
+            dst_ports = np.array([server_ports[s % shards] for s in range(window)], np.int32)
             rng = np.random.default_rng(0)
             pkts = np.zeros((2, workers, window, plen), np.uint8)
             for st in range(2):
@@ -198,7 +220,7 @@ def measure(mode: str, *, workers: int, size_code: int, window: int, seconds: fl
                 ptr,
                 plen,
                 0x7F000001,
-                port,
+                dst_ports,
                 tx.hdr,
                 tx.hdr_ptr,
                 tx.iov,
@@ -222,19 +244,31 @@ def measure(mode: str, *, workers: int, size_code: int, window: int, seconds: fl
             total = done * workers * window
             return total / elapsed
         finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(10)
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            for proc in procs:
+                proc.wait(10)
             for s in socks:
                 s.close()
 
 
-def run(workers: int, size_code: int, window: int, reps: int, seconds: float) -> dict:
+def run(
+    workers: int, size_code: int, window: int, reps: int, seconds: float, shards: int = 1
+) -> dict:
     """Alternate agg/echo ``reps`` times; medians and the ratio."""
     rates: dict[str, list[float]] = {"agg": [], "echo": []}
     for _ in range(reps):
         for mode in ("agg", "echo"):
             rates[mode].append(
-                measure(mode, workers=workers, size_code=size_code, window=window, seconds=seconds)
+                measure(
+                    mode,
+                    workers=workers,
+                    size_code=size_code,
+                    window=window,
+                    seconds=seconds,
+                    shards=shards,
+                )
             )
     agg, echo = statistics.median(rates["agg"]), statistics.median(rates["echo"])
     return {
@@ -242,6 +276,7 @@ def run(workers: int, size_code: int, window: int, reps: int, seconds: float) ->
         "size_code": size_code,
         "packet_bytes": wire.packet_len(size_code),
         "window": window,
+        "shards": shards,
         "reps": reps,
         "agg_pps": agg,
         "echo_pps": echo,
@@ -256,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--serve", choices=["agg", "echo"], help=argparse.SUPPRESS)
     p.add_argument("--ports", help=argparse.SUPPRESS)
     p.add_argument("--ready", help=argparse.SUPPRESS)
+    p.add_argument("--shard", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--shards", type=int, default=1, help="data-plane processes (as serve --shards)")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--size-code", type=int, default=3)
     p.add_argument("--window", type=int, default=32)
@@ -267,11 +304,15 @@ def main(argv: list[str] | None = None) -> int:
         print("the switch-only benchmark needs recvmmsg/sendmmsg (64-bit Linux)", file=sys.stderr)
         return 1
     if a.serve:
-        serve(a.serve, [int(x) for x in a.ports.split(",")], a.size_code, a.window, a.ready)
+        ports = [int(x) for x in a.ports.split(",")]
+        serve(a.serve, ports, a.size_code, a.window, a.ready, (a.shard, a.shards))
         return 0
-    res = run(a.workers, a.size_code, a.window, a.reps, a.seconds)
+    if not 1 <= a.shards <= 16:
+        p.error("--shards must be in 1..16")
+    res = run(a.workers, a.size_code, a.window, a.reps, a.seconds, a.shards)
     print(
-        f"switch-only, {res['packet_bytes']}-byte packets, W={a.workers}, window {a.window}: "
+        f"switch-only, {res['packet_bytes']}-byte packets, W={a.workers}, window {a.window}, "
+        f"{a.shards} shard(s): "
         f"aggregation {res['agg_pps'] / 1e3:.0f} kpkt/s, echo {res['echo_pps'] / 1e3:.0f} "
         f"kpkt/s, ratio {res['ratio']:.2f}"
     )

@@ -1,4 +1,9 @@
-"""``switchml-emu serve``: run the emulator until SIGINT/SIGTERM (PROTOCOL.md §6)."""
+"""``switchml-emu serve``: run the emulator until SIGINT/SIGTERM (PROTOCOL.md §6).
+
+With ``--shards S`` (S > 1) the data plane runs in S processes on ports
+``--port`` .. ``--port + S - 1`` behind this process's control plane
+(:mod:`swemu.shards`); with the default 1 everything runs in this process.
+"""
 
 from __future__ import annotations
 
@@ -27,6 +32,13 @@ def _pcap_size(ctx, param, value):
     show_default=True,
     type=click.IntRange(0, 65535),
     help="UDP port of the data plane (0xBEE0; 0 = any free port).",
+)
+@click.option(
+    "--shards",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 16),
+    help="Data-plane processes, shard i on UDP port --port + i (1 = all in this process).",
 )
 @click.option(
     "--control-port",
@@ -174,6 +186,7 @@ def _pcap_size(ctx, param, value):
 def serve(
     host,
     port,
+    shards,
     control_port,
     control_host,
     pool_size,
@@ -205,6 +218,16 @@ def serve(
     import os
     import signal
 
+    if shards > 1:  # checked before the heavy imports: a bad option costs nothing
+        from swemu.shards import check_shards
+
+        try:
+            check_shards(port, shards)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--shards'") from None
+        if pcap is not None:
+            raise click.BadParameter("needs --shards 1 (one data plane)", param_hint="'--pcap'")
+
     from swemu.engine import EngineConfig
     from swemu.faults import FaultConfig, configure
     from swemu.server import Emulator
@@ -230,32 +253,53 @@ def serve(
         idle_timeout=idle_timeout,
     )
 
+    faults = FaultConfig(
+        loss_in=loss_in,
+        loss_out=loss_out,
+        duplicate=duplicate,
+        reorder_ms=reorder_ms,
+        delay_ms=delay_ms,
+        link_gbps=link_gbps,
+    )
+    inject = faults != FaultConfig() or seed is not None
+
     async def main() -> None:
-        emu = Emulator(
-            host=host,
-            port=port,
-            control_host=control_host,
-            control_port=control_port,
-            config=config,
-            advertise_ip=advertise_ip,
-            metrics_port=metrics_port,
-            metrics_host=metrics_host,
-            pcap=pcap,
-            pcap_max_packets=pcap_max_packets,
-            pcap_max_bytes=pcap_max_bytes,
-        )
+        common = {
+            "host": host,
+            "port": port,
+            "control_host": control_host,
+            "control_port": control_port,
+            "config": config,
+            "advertise_ip": advertise_ip,
+            "metrics_port": metrics_port,
+            "metrics_host": metrics_host,
+        }
+        if shards > 1:
+            from swemu.shards import ShardedEmulator
+
+            emu = ShardedEmulator(
+                shards=shards,
+                faults=faults if inject else None,
+                seed=seed,
+                log_level=log_level,
+                **common,
+            )
+        else:
+            emu = Emulator(
+                **common,
+                pcap=pcap,
+                pcap_max_packets=pcap_max_packets,
+                pcap_max_bytes=pcap_max_bytes,
+            )
         await emu.start()
-        faults = FaultConfig(
-            loss_in=loss_in,
-            loss_out=loss_out,
-            duplicate=duplicate,
-            reorder_ms=reorder_ms,
-            delay_ms=delay_ms,
-            link_gbps=link_gbps,
-        )
-        if faults != FaultConfig() or seed is not None:
-            configure(emu.engine, emu.data_plane, faults, seed=seed)
-            logging.getLogger("swemu.faults").info("fault injection: %s (seed %s)", faults, seed)
+        data_ports = emu.ports if shards > 1 else None
+        if inject:
+            if shards == 1:
+                configure(emu.engine, emu.data_plane, faults, seed=seed)
+            per_shard = " + shard index" if shards > 1 else ""
+            logging.getLogger("swemu.faults").info(
+                "fault injection: %s (seed %s%s)", faults, seed, per_shard
+            )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -268,6 +312,7 @@ def serve(
                         "data": list(emu.data_address),
                         "control": list(emu.control_address),
                         "metrics": list(emu.metrics_address) if emu.metrics_address else None,
+                        "data_ports": data_ports,
                         "pid": os.getpid(),
                     },
                     f,
@@ -277,19 +322,28 @@ def serve(
             metrics = ""
             if emu.metrics_address:
                 metrics = ", metrics http://%s:%d/metrics" % emu.metrics_address
+            data = f"{emu.host}:{emu.port}"
+            if shards > 1:
+                data += f"-{emu.port + shards - 1} ({shards} shards)"
             terminal.info(
-                f"switchml-emu serving: data udp {emu.host}:{emu.port}, "
+                f"switchml-emu serving: data udp {data}, "
                 f"control grpc {emu.control_host}:{emu.control_port}{metrics} "
                 "(Ctrl-C to stop)"
             )
         view = asyncio.ensure_future(_live_view(emu)) if tui else None
+        # a sharded emulator also stops when a shard dies (it logged why)
+        failed = getattr(emu, "failed", None)
+        waits = [asyncio.ensure_future(stop.wait())] + ([failed] if failed is not None else [])
         try:
-            await stop.wait()
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            waits[0].cancel()
             if view is not None:
                 view.cancel()
                 await asyncio.gather(view, return_exceptions=True)
             await emu.stop()
+        if failed is not None and failed.done():
+            raise click.exceptions.Exit(1)
 
     try:
         _run(main())
@@ -311,16 +365,17 @@ async def _live_view(emu) -> None:
 
     from rich.live import Live
 
+    from swemu.stats import take_snapshot
     from swemu.tui import History, render
 
     history = History()
-    snap = emu.snapshot()
+    snap = await take_snapshot(emu.snapshot)  # a sharded emulator asks its shards
     history.add(snap)
     # no refresh thread: the view is redrawn here, when a snapshot is taken
     with Live(render(snap, history), console=terminal.out, auto_refresh=False) as live:
         while True:
             await asyncio.sleep(1.0 / TUI_HZ)
-            snap = emu.snapshot()
+            snap = await take_snapshot(emu.snapshot)
             history.add(snap)
             live.update(render(snap, history), refresh=True)
 

@@ -15,6 +15,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "serve": "swemu.server",
     "Emulator": "swemu.server",
+    "ShardedEmulator": "swemu.shards",
     "SwitchEngine": "swemu.engine",
     "EngineConfig": "swemu.engine",
     "Batch": "swemu.engine",
@@ -25,6 +26,7 @@ _LAZY = {
 if TYPE_CHECKING:
     from .engine import Action, Batch, EngineConfig, RegistrationError, SwitchEngine
     from .server import Emulator, serve
+    from .shards import ShardedEmulator
 
 __all__ = [
     "Action",
@@ -32,6 +34,7 @@ __all__ = [
     "Emulator",
     "EngineConfig",
     "RegistrationError",
+    "ShardedEmulator",
     "SwitchEngine",
     "__version__",
     "serve",

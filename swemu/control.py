@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -55,6 +55,11 @@ class SessionService(pb_grpc.SessionServicer):
     stands for its own controller (``engine.controller``). ``switch_ipv4`` (with
     ``switch_mac`` and ``data_ports``) sets the address the controller answers
     with; leave it out when the controller already has one.
+
+    ``commit``, when given, is awaited after a registration was written and
+    before the reply goes out: a sharded emulator (:mod:`swemu.shards`) waits
+    there until every data-plane process has applied it, so that a worker never
+    sends to a shard that does not know its job yet.
     """
 
     def __init__(
@@ -66,6 +71,7 @@ class SessionService(pb_grpc.SessionServicer):
         data_ports: list[int] | None = None,
         clock: Callable[[], float],
         on_register: Callable[[int, int], None] | None = None,
+        commit: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         if not isinstance(controller, SessionController):
             controller = controller.controller
@@ -74,6 +80,7 @@ class SessionService(pb_grpc.SessionServicer):
             controller.set_switch_address(switch_ipv4, switch_mac, tuple(data_ports or ()))
         self.clock = clock
         self.on_register = on_register
+        self.commit = commit
 
     async def UdpSession(
         self, request: pb.UdpSessionRequest, context: grpc.aio.ServicerContext
@@ -96,6 +103,8 @@ class SessionService(pb_grpc.SessionServicer):
                 mac=request.mac,
                 now=self.clock(),
             )
+            if self.commit is not None:
+                await self.commit()
         except RegistrationError as exc:
             log.info(
                 "refused UdpSession(session=%d rank=%d): %s",

@@ -250,6 +250,7 @@ def _step(
     global_counters,
     faults,
     fault_counters,
+    shard,
 ):
     """:func:`_switch_batch` with its arrays as separate arguments: the form to
     call from Python (Numba types separate array arguments much faster than
@@ -301,6 +302,7 @@ def _step(
         global_counters,
         faults,
         fault_counters,
+        shard,
     )
     return _switch_batch(now, n, counts, io, state)
 
@@ -364,6 +366,7 @@ def _drain(
     global_counters,
     faults,
     fault_counters,
+    shard,
 ):
     """The whole per-packet path in compiled code: send what the delay queue
     holds that is due, then repeatedly recvmmsg a batch, run it through the
@@ -418,6 +421,7 @@ def _drain(
         global_counters,
         faults,
         fault_counters,
+        shard,
     )
     tx = (tx_hdr, tx_ptr, tx_iov, tx_names)
     _send_due_fast(now, fd, tx, io, stats)

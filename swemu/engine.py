@@ -68,6 +68,12 @@ class Action(IntEnum):
     RETRANSMIT_PENDING = K.A_RETRANSMIT_PENDING
     UNICAST = K.A_UNICAST
     INJECTED_LOSS = K.A_INJECTED_LOSS
+    DROP_WRONG_SHARD = K.A_DROP_WRONG_SHARD
+
+
+#: Outcomes only the emulator has (not §2 rules, no P4 counterpart): injected
+#: loss and a packet sent to the wrong data-plane shard (``serve --shards``).
+EMULATOR_ONLY_ACTIONS = frozenset({Action.INJECTED_LOSS, Action.DROP_WRONG_SHARD})
 
 
 JOB_COUNTER_NAMES = (
@@ -82,6 +88,7 @@ JOB_COUNTER_NAMES = (
     "drop_malformed",
     "drop_wrong_size",
     "drop_slot_range",
+    "drop_wrong_shard",
 )
 WORKER_COUNTER_NAMES = ("pkts_in", "retransmissions", "last", "drops")
 GLOBAL_COUNTER_NAMES = ("pkts_in", "drop_unknown_source")
@@ -116,14 +123,27 @@ class EngineConfig:
 
 
 def pool_bytes(pool_size: int, size_code: int) -> int:
-    """Memory a job's pool takes: values, exponents, bitmaps and counts of both sets."""
+    """Memory a job's pool takes: values, exponents, bitmaps and counts of both sets.
+
+    Linear in ``pool_size``: the pools of S shards, which split a job's slots
+    between them, take together exactly what one unsharded pool takes."""
     n = values_per_packet(size_code)
     return 2 * pool_size * (4 * n + 2 + 4 + 4)
 
 
+def shard_slots(pool_size: int, index: int, count: int) -> int:
+    """How many of slots ``0..pool_size-1`` shard ``index`` of ``count`` holds
+    (the slots s with ``s % count == index``)."""
+    return max(0, (pool_size - index + count - 1) // count)
+
+
 @dataclass
 class Job:
-    """A registered session: its parameters and its workers' addresses."""
+    """A registered session: its parameters and its workers' addresses.
+
+    ``pool_size`` is the job's P (the slot numbers workers use); ``slots`` is how
+    many of them this engine holds: P, or about P/S in a shard of a sharded
+    emulator (None when made: P)."""
 
     session_id: int
     index: int
@@ -133,10 +153,15 @@ class Job:
     created: float
     workers: dict[int, tuple[int, int]] = field(default_factory=dict)  # rank -> (ip, port)
     macs: dict[int, int] = field(default_factory=dict)  # rank -> MAC (kept for the model only)
+    slots: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.slots is None:
+            self.slots = self.pool_size
 
     @property
     def memory(self) -> int:
-        return pool_bytes(self.pool_size, self.size_code)
+        return pool_bytes(self.slots, self.size_code)
 
 
 class Batch:
@@ -194,10 +219,24 @@ class Batch:
 
 
 class SwitchEngine:
-    """The emulated switch: job table, pools, address table and counters."""
+    """The emulated switch: job table, pools, address table and counters.
 
-    def __init__(self, config: EngineConfig | None = None) -> None:
+    ``shard=(i, S)`` makes it data-plane shard i of S (``swemu.shards``): it
+    holds only the slots s with ``s % S == i`` of every job, at local index
+    ``s // S``, and drops packets for the other slots as ``drop_wrong_shard``.
+    The default ``(0, 1)`` is the whole switch.
+    """
+
+    def __init__(
+        self, config: EngineConfig | None = None, *, shard: tuple[int, int] = (0, 1)
+    ) -> None:
         self.config = config or EngineConfig()
+        index, count = shard
+        if not 0 <= index < count:
+            raise ValueError(f"shard index {index} must be in 0..{count - 1}")
+        self.shard = np.zeros(2, np.int64)
+        self.shard[K.SH_COUNT] = count
+        self.shard[K.SH_INDEX] = index
         mj = self.config.max_jobs
         self.job_workers = np.zeros(mj, np.int32)
         self.job_pool = np.zeros(mj, np.int32)
@@ -321,12 +360,13 @@ class SwitchEngine:
             raise ValueError(f"session {session_id} already has a job; drop it first")
         j = self._free.pop()
         n = values_per_packet(code)
+        held = shard_slots(pool, int(self.shard[K.SH_INDEX]), int(self.shard[K.SH_COUNT]))
         # np.empty: values are written before they are read (the "write" rule of
         # §2), so untouched slots never cost resident memory.
-        self.values[j] = np.empty(2 * pool * n, np.uint32)
-        self.exps[j] = np.zeros(2 * pool * 2, np.int8)
-        self.bitmap[j] = np.zeros(2 * pool, np.uint32)
-        self.count[j] = np.zeros(2 * pool, np.int32)
+        self.values[j] = np.empty(2 * held * n, np.uint32)
+        self.exps[j] = np.zeros(2 * held * 2, np.int8)
+        self.bitmap[j] = np.zeros(2 * held, np.uint32)
+        self.count[j] = np.zeros(2 * held, np.int32)
         self.job_workers[j] = w
         self.job_pool[j] = pool
         self.job_code[j] = code
@@ -337,7 +377,7 @@ class SwitchEngine:
         self.fault_counters[j] = 0
         self.faults[j] = self.fault_defaults  # the switch-wide fault settings
         self.worker_counters[j] = 0
-        job = Job(session_id, j, w, code, pool, now)
+        job = Job(session_id, j, w, code, pool, now, slots=held)
         self.jobs[session_id] = job
         self._by_index[j] = job
         return job
@@ -434,6 +474,7 @@ class SwitchEngine:
             self.global_counters,
             self.faults,
             self.fault_counters,
+            self.shard,
         )
 
     def process(self, batch: Batch, now: float = 0.0) -> int:
@@ -480,7 +521,7 @@ class SwitchEngine:
         """All counters and job state as plain Python data (for stats, TUI, logs)."""
         jobs = []
         for job in sorted(self.jobs.values(), key=lambda jb: jb.index):
-            j, p = job.index, job.pool_size
+            j, p = job.index, job.slots
             cnt = self.count[j]
             bm = self.bitmap[j]
             workers = []

@@ -34,6 +34,7 @@ A_MULTICAST = 5  # new contribution completed the slot: result to every worker
 A_RETRANSMIT_PENDING = 6  # retransmission, slot incomplete: nothing sent
 A_UNICAST = 7  # retransmission, slot complete: result to that worker only
 A_INJECTED_LOSS = 8  # dropped by fault injection on the way in (never reached the switch)
+A_DROP_WRONG_SHARD = 9  # sharded emulator: the slot belongs to another data-plane process
 
 # --- per-job counters (columns of job_counters) ------------------------------
 C_PKTS_IN = 0
@@ -47,7 +48,8 @@ C_BYTES_OUT = 7
 C_DROP_MALFORMED = 8
 C_DROP_WRONG_SIZE = 9
 C_DROP_SLOT_RANGE = 10
-N_JOB_COUNTERS = 11
+C_DROP_WRONG_SHARD = 11
+N_JOB_COUNTERS = 12
 
 # --- per-worker counters (last axis of worker_counters) ----------------------
 W_PKTS_IN = 0
@@ -78,6 +80,10 @@ N_FAULT_PARAMS = 6
 G_PKTS_IN = 0
 G_DROP_UNKNOWN_SOURCE = 1
 N_GLOBAL_COUNTERS = 2
+
+# --- the engine's place among the data-plane shards (swemu.shards) -----------
+SH_COUNT = 0  # data-plane processes S (1: not sharded)
+SH_INDEX = 1  # this one's index i: it owns the slots s with s % S == i
 
 HEADER_LEN = 10
 MSG_TYPE = 1
@@ -117,6 +123,7 @@ def _process_batch(
     global_counters,
     faults,
     fault_counters,
+    shard,
     action,
     out_buf,
     out_len,
@@ -130,8 +137,15 @@ def _process_batch(
 
     ``faults[j, w, P_LOSS_IN]`` > 0 drops packets of worker w of job j before
     the switch sees them (seeded: :func:`seed`); the other faults act on what
-    the switch sends and are applied by the I/O layer using ``dest_worker``."""
+    the switch sends and are applied by the I/O layer using ``dest_worker``.
+
+    ``shard`` is ``[S, i]``: with S > 1 this engine is one of S data-plane
+    processes and holds only the slots s with ``s % S == i``, at local index
+    ``s // S`` (so its pools are ~P/S slots); a packet for another shard's slot
+    is a counted drop (``C_DROP_WRONG_SHARD``), never aggregated."""
     n_dest = 0
+    sh_n = shard[SH_COUNT]
+    sh_i = shard[SH_INDEX]
     for r in range(n):
         out_len[r] = 0
         out_job[r] = -1
@@ -187,12 +201,21 @@ def _process_batch(
             worker_counters[j, w, W_DROPS] += 1
             action[r] = A_DROP_SLOT_RANGE
             continue
+        local = slot
+        if sh_n > 1:
+            if slot % sh_n != sh_i:
+                job_counters[j, C_DROP_WRONG_SHARD] += 1
+                worker_counters[j, w, W_DROPS] += 1
+                action[r] = A_DROP_WRONG_SHARD
+                continue
+            local = slot // sh_n
+            pool = (pool - sh_i + sh_n - 1) // sh_n  # the slots this shard holds
         # 4. bitmap update and retransmission check
         bm = bitmap[j]
         cnt = count[j]
         me = np.uint32(1) << np.uint32(w)
-        k = s * pool + slot
-        k_other = (1 - s) * pool + slot
+        k = s * pool + local
+        k_other = (1 - s) * pool + local
         before = bm[k]
         bm[k] = before | me
         bm[k_other] = bm[k_other] & ~me

@@ -22,18 +22,22 @@ class EmulatorProcess:
 
     ``switch`` and ``control`` are ``HOST:PORT`` strings ready for
     :func:`hostlib.connect`. Use as a context manager, or call :meth:`start`
-    and :meth:`stop`.
+    and :meth:`stop`. ``shards`` > 1 runs the data plane in that many
+    processes (``serve --shards``): ``switch`` is shard 0's address and
+    ``data_ports`` lists every shard's port (workers learn them at registration).
     """
 
     def __init__(
         self,
         *args: str,
         host: str = "127.0.0.1",
+        shards: int = 1,
         startup_timeout: float = 60.0,
         log_level: str = "warning",
         stderr=None,
     ) -> None:
         self.extra = list(args)
+        self.shards = shards
         self.host = host
         self.startup_timeout = startup_timeout
         self.log_level = log_level
@@ -41,6 +45,7 @@ class EmulatorProcess:
         self.proc: subprocess.Popen | None = None
         self.data: tuple[str, int] = ("", 0)
         self.control_addr: tuple[str, int] = ("", 0)
+        self.data_ports: list[int] = []
         self._dir = tempfile.TemporaryDirectory(prefix="swemu-")
 
     @property
@@ -68,6 +73,7 @@ class EmulatorProcess:
             self.log_level,
             "--ready-file",
             str(ready),
+            *(["--shards", str(self.shards)] if self.shards != 1 else []),
             *self.extra,
         ]
         self.proc = subprocess.Popen(
@@ -84,6 +90,7 @@ class EmulatorProcess:
         info = json.loads(ready.read_text())
         self.data = (info["data"][0], int(info["data"][1]))
         self.control_addr = (info["control"][0], int(info["control"][1]))
+        self.data_ports = [int(p) for p in info.get("data_ports") or [self.data[1]]]
         return self
 
     def stop(self, timeout: float = 10.0) -> int | None:

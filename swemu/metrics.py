@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import math
-from collections.abc import Callable, Iterable
+import re
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 log = logging.getLogger("swemu.metrics")
@@ -46,12 +48,15 @@ _JOB_METRICS = {
     "pkts_out": ("switchml_packets_out_total", "Result packets sent (every copy counted)."),
     "bytes_out": ("switchml_bytes_out_total", "UDP payload bytes of result packets sent."),
 }
+#: ``data_plane`` keys of one shard of a sharded emulator: ``shard<i>_<counter>``.
+_SHARD_KEY = re.compile(r"shard(\d+)_(\w+)")
 #: Job counters folded into labelled families.
 _RESULT_KINDS = {"multicast": "multicast", "unicast": "unicast"}
 _DROP_REASONS = {
     "drop_malformed": "malformed",
     "drop_wrong_size": "wrong_size",
     "drop_slot_range": "slot_range",
+    "drop_wrong_shard": "wrong_shard",
 }
 _WORKER_METRICS = {
     "pkts_in": ("switchml_worker_packets_in_total", "Packets received from the worker."),
@@ -253,12 +258,31 @@ def render_metrics(snap: dict[str, Any]) -> str:
     )
 
     # socket layer, faults, capture -----------------------------------------
+    per_shard: dict[str, list[Sample]] = {}
     for name, value in (snap.get("data_plane") or {}).items():
+        shard = _SHARD_KEY.fullmatch(name)
+        if shard is not None:  # shard<i>_<counter>: one process of `serve --shards`
+            per_shard.setdefault(shard[2], []).append(({"shard": shard[1]}, value))
+        elif name == "shards":
+            ex.add(
+                "switchml_dataplane_shards",
+                "gauge",
+                "Data-plane processes (serve --shards).",
+                [({}, value)],
+            )
+        else:
+            ex.add(
+                f"switchml_dataplane_{_metric_name(name)}_total",
+                "counter",
+                f"Data-plane socket layer: {name}.",
+                [({}, value)],
+            )
+    for name, samples in per_shard.items():
         ex.add(
-            f"switchml_dataplane_{_metric_name(name)}_total",
+            f"switchml_shard_{_metric_name(name)}_total",
             "counter",
-            f"Data-plane socket layer: {name}.",
-            [({}, value)],
+            f"Per data-plane shard: {name}.",
+            samples,
         )
     faults: list[Sample] = [({"kind": k}, v) for k, v in (snap.get("faults") or {}).items()]
     for job in jobs:
@@ -296,7 +320,12 @@ class MetricsServer:
     or slower than 5 s is answered 400/408 and closed.
     """
 
-    def __init__(self, snapshot: Callable[[], dict[str, Any]], host: str, port: int) -> None:
+    def __init__(
+        self,
+        snapshot: Callable[[], dict[str, Any] | Awaitable[dict[str, Any]]],
+        host: str,
+        port: int,
+    ) -> None:
         self.snapshot = snapshot
         self.host = host
         self.requested_port = port
@@ -369,7 +398,10 @@ class MetricsServer:
             return 405, "only GET and HEAD\n", plain, False
         if target == "/metrics":
             self.scrapes += 1
-            return 200, render_metrics(self.snapshot()), CONTENT_TYPE, head_only
+            snap = self.snapshot()
+            if inspect.isawaitable(snap):  # a sharded emulator asks its shards
+                snap = await snap
+            return 200, render_metrics(snap), CONTENT_TYPE, head_only
         if target == "/":
             return 200, "switchml-emu: metrics at /metrics\n", plain, head_only
         return 404, "not found: try /metrics\n", plain, head_only

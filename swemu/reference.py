@@ -42,9 +42,13 @@ def _wrap32(x: int) -> int:
 
 
 class ReferenceSwitch:
-    """Several jobs, each a dict of slots; workers found by (ip, port) then (ip, 0)."""
+    """Several jobs, each a dict of slots; workers found by (ip, port) then (ip, 0).
 
-    def __init__(self) -> None:
+    ``shard=(i, S)``: data-plane shard i of S (``serve --shards``), which answers
+    only for the slots s with ``s % S == i`` and drops the others."""
+
+    def __init__(self, shard: tuple[int, int] = (0, 1)) -> None:
+        self.shard = shard
         self.jobs: dict[int, RefJob] = {}
         self.addresses: dict[tuple[int, int], tuple[int, int]] = {}  # addr -> (session, rank)
 
@@ -87,6 +91,9 @@ class ReferenceSwitch:
             return Action.DROP_WRONG_SIZE, []
         if pkt.slot >= job.pool_size:
             return Action.DROP_SLOT_RANGE, []
+        index, count = self.shard
+        if pkt.slot % count != index:
+            return Action.DROP_WRONG_SHARD, []
 
         n = wire.values_per_packet(job.size_code)
         here = job.slots.setdefault((pkt.set, pkt.slot), _Slot([0] * n))

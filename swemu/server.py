@@ -19,6 +19,9 @@ when asked (``GetStats`` of the ``swemu.EmulatorControl`` gRPC service on the
 control port, the Prometheus endpoint with ``metrics_port``, the TUI), and a
 pcap capture (``pcap=PATH``) is a :attr:`DataPlane.tap` that is not installed
 at all when capture is off.
+
+This is the single-process emulator (``serve --shards 1``); with several
+data-plane processes, :class:`swemu.shards.ShardedEmulator` takes its place.
 """
 
 from __future__ import annotations

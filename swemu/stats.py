@@ -25,6 +25,10 @@ from .proto import emulator_pb2 as pb
 from .proto import emulator_pb2_grpc as pb_grpc
 
 Snapshot = dict[str, Any]
+#: Where a snapshot comes from: a function returning one (an emulator in this
+#: process) or a coroutine function (a sharded emulator asks its data-plane
+#: processes).
+SnapshotSource = Callable[[], "Snapshot | Awaitable[Snapshot]"]
 FaultHandler = Callable[[pb.FaultConfig], "pb.FaultConfig | Awaitable[pb.FaultConfig]"]
 
 #: Keys of a worker's entry in a snapshot that are not counters.
@@ -181,22 +185,21 @@ class EmulatorControlService(pb_grpc.EmulatorControlServicer):
     """``GetStats`` from a snapshot function; ``SetFaults`` through an optional handler.
 
     ``snapshot`` is called once per request on the event loop (never per
-    packet). ``set_faults`` receives a validated ``FaultConfig`` and returns
-    (or resolves to) the configuration in force; without one the call answers
+    packet); it may return the dict or an awaitable of it. ``set_faults``
+    receives a validated ``FaultConfig`` and returns (or resolves to) the
+    configuration in force; without one the call answers
     UNIMPLEMENTED. A handler raises ValueError for a request it refuses
     (INVALID_ARGUMENT) or LookupError for an unknown session (NOT_FOUND).
     """
 
-    def __init__(
-        self, snapshot: Callable[[], Snapshot], set_faults: FaultHandler | None = None
-    ) -> None:
+    def __init__(self, snapshot: SnapshotSource, set_faults: FaultHandler | None = None) -> None:
         self.snapshot = snapshot
         self.set_faults = set_faults
 
     async def GetStats(
         self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext
     ) -> pb.Stats:
-        return snapshot_to_proto(self.snapshot())
+        return snapshot_to_proto(await take_snapshot(self.snapshot))
 
     async def SetFaults(
         self, request: pb.FaultConfig, context: grpc.aio.ServicerContext
@@ -215,6 +218,14 @@ class EmulatorControlService(pb_grpc.EmulatorControlServicer):
         except LookupError as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc.args[0] if exc.args else exc))
         return result
+
+
+async def take_snapshot(source: SnapshotSource) -> Snapshot:
+    """Call a snapshot source and await its result if it is awaitable."""
+    snap = source()
+    if inspect.isawaitable(snap):
+        snap = await snap
+    return snap
 
 
 def add_to_server(service: EmulatorControlService, server: grpc.aio.Server) -> None:

@@ -42,6 +42,14 @@ DROP_REASONS = (
     ("drop_wrong_size", "wrong size"),
     ("drop_slot_range", "slot range"),
 )
+#: Drop reasons shown only once they happened: a packet sent to the wrong
+#: data-plane process exists only with ``serve --shards``.
+RARE_DROP_REASONS = (("drop_wrong_shard", "wrong shard"),)
+
+
+def _drop_reasons(counts: dict[str, int]) -> tuple[tuple[str, str], ...]:
+    """The drop reasons to show for these counters (the rare ones when non-zero)."""
+    return DROP_REASONS + tuple((k, label) for k, label in RARE_DROP_REASONS if counts.get(k))
 
 
 def payload_bytes(size_code: int) -> int:
@@ -247,7 +255,7 @@ def _header(snap: Snapshot, rates: dict[str, float] | None, history: History | N
 
     max_jobs = lim.get("max_jobs")
     glob = snap["counters"]
-    totals = {k: 0 for k, _ in DROP_REASONS}
+    totals = {k: 0 for k, _ in DROP_REASONS + RARE_DROP_REASONS}
     for j in jobs:
         for k in totals:
             totals[k] += j["counters"].get(k, 0)
@@ -262,7 +270,7 @@ def _header(snap: Snapshot, rates: dict[str, float] | None, history: History | N
     drops = Text("drops: ").append_text(
         _pairs(
             ("unknown source", fmt_count(glob.get("drop_unknown_source", 0))),
-            *((label, fmt_count(totals[k])) for k, label in DROP_REASONS),
+            *((label, fmt_count(totals[k])) for k, label in _drop_reasons(totals)),
         )
     )
     line3 = Text("   ").join([drops, _faults_text(fault_totals(snap))])
@@ -338,7 +346,7 @@ def _job_panel(job: dict[str, Any], rates: dict[str, float] | None) -> Panel:
     )
     rows.append(
         Text("drops         ").append_text(
-            _pairs(*((label, fmt_count(c.get(k, 0))) for k, label in DROP_REASONS))
+            _pairs(*((label, fmt_count(c.get(k, 0))) for k, label in _drop_reasons(c)))
         )
     )
     if "faults" in job:

@@ -76,3 +76,9 @@ def die_or_wait(ctx: hostlib.Context, victim: int) -> str:
     except hostlib.NoProgressError as exc:
         return f"{time.monotonic() - t0:.2f}|{exc}"
     return "no error"
+
+
+def int_and_float(ctx: hostlib.Context, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """One int32 and one float32 allreduce of n values (the sharded emulator's test)."""
+    y = ctx.allreduce(rank_input(ctx.rank, n, 0))
+    return y, ctx.allreduce(rank_input(ctx.rank, n, 1, np.float32))
