@@ -193,8 +193,20 @@ def _send_due_fast(now, fd, tx, io, stats):
         row_ptr.shape[0],
     )
     if m > 0:
-        sent = fastio.send_batch(
-            fd, tx[0], tx[1], tx[2], tx[3], m, row_ptr, row_len, send_ip, send_port
+        sent = fastio.send_batch_gso(
+            fd,
+            tx[0],
+            tx[1],
+            tx[2],
+            tx[3],
+            tx[4],
+            tx[5],
+            m,
+            row_ptr,
+            row_len,
+            send_ip,
+            send_port,
+            tx[6],
         )
         stats[S_SENT] += sent
         stats[S_SEND_DROPS] += m - sent
@@ -320,6 +332,9 @@ def _drain(
     tx_ptr,
     tx_iov,
     tx_names,
+    tx_cmsg,
+    tx_cmsg_ptr,
+    seg_max,
     stats,
     counts,
     buf,
@@ -423,7 +438,7 @@ def _drain(
         fault_counters,
         shard,
     )
-    tx = (tx_hdr, tx_ptr, tx_iov, tx_names)
+    tx = (tx_hdr, tx_ptr, tx_iov, tx_names, tx_cmsg, tx_cmsg_ptr, seg_max)
     _send_due_fast(now, fd, tx, io, stats)
     total = 0
     for _ in range(max_batches):
@@ -431,8 +446,20 @@ def _drain(
         if n == 0:
             break
         m = _switch_batch(now, n, counts, io, state)
-        sent = fastio.send_batch(
-            fd, tx_hdr, tx_ptr, tx_iov, tx_names, m, row_ptr, row_len, send_ip, send_port
+        sent = fastio.send_batch_gso(
+            fd,
+            tx_hdr,
+            tx_ptr,
+            tx_iov,
+            tx_names,
+            tx_cmsg,
+            tx_cmsg_ptr,
+            m,
+            row_ptr,
+            row_len,
+            send_ip,
+            send_port,
+            seg_max,
         )
         stats[S_BATCHES] += 1
         stats[S_PACKETS] += n
@@ -455,6 +482,9 @@ def _echo_drain(
     tx_ptr,
     tx_iov,
     tx_names,
+    tx_cmsg,
+    tx_cmsg_ptr,
+    seg_max,
     cap,
     buf,
     lens,
@@ -477,8 +507,20 @@ def _echo_drain(
         for r in range(n):
             row_ptr[r] = base + stride * r
             row_len[r] = lens[r]
-        sent = fastio.send_batch(
-            fd, tx_hdr, tx_ptr, tx_iov, tx_names, n, row_ptr, row_len, ip, port
+        sent = fastio.send_batch_gso(
+            fd,
+            tx_hdr,
+            tx_ptr,
+            tx_iov,
+            tx_names,
+            tx_cmsg,
+            tx_cmsg_ptr,
+            n,
+            row_ptr,
+            row_len,
+            ip,
+            port,
+            seg_max,
         )
         stats[S_BATCHES] += 1
         stats[S_PACKETS] += n
@@ -509,6 +551,7 @@ class DataPlane:
         fast: bool | None = None,
         echo: bool = False,
         queue_capacity: int = 4096,
+        gso: bool | None = None,
     ) -> None:
         self.engine = engine
         self.sock = sock
@@ -520,6 +563,13 @@ class DataPlane:
         if echo and not self.fast:
             raise ValueError("echo mode needs the compiled I/O path (64-bit Linux)")
         self.capacity = batch_capacity
+        # UDP segmentation offload of results: datagrams to the same worker leave
+        # as one message (fastio.send_batch_gso); SWEMU_GSO=0 turns it off
+        if gso is None:
+            gso = os.environ.get("SWEMU_GSO", "") in ("", "1")
+        self.gso_segments = (
+            fastio.GSO_MAX_SEGMENTS if gso and self.fast and fastio.gso_available() else 1
+        )
         # twice the rows: room for injected duplicates; one spare byte a row: a
         # datagram that fills it is longer than any packet
         self.batch = Batch(2 * batch_capacity, MAX_PACKET_LEN + 1)
@@ -630,6 +680,9 @@ class DataPlane:
             tx.hdr_ptr,
             tx.iov,
             tx.names,
+            tx.cmsg,
+            tx.cmsg_ptr,
+            self.gso_segments,
             self._fast_stats,
             self._counts,
             *self._io(),
@@ -700,6 +753,9 @@ class DataPlane:
             tx.hdr_ptr,
             tx.iov,
             tx.names,
+            tx.cmsg,
+            tx.cmsg_ptr,
+            self.gso_segments,
             self.capacity,
             b.buf,
             b.lens,
@@ -720,17 +776,20 @@ class DataPlane:
         st = self._fast_stats
         if self.fast:
             tx = self._tx
-            sent = fastio.send_batch(
+            sent = fastio.send_batch_gso(
                 self.sock.fileno(),
                 tx.hdr,
                 tx.hdr_ptr,
                 tx.iov,
                 tx.names,
+                tx.cmsg,
+                tx.cmsg_ptr,
                 m,
                 self._row_ptr,
                 self._row_len,
                 self._send_ip,
                 self._send_port,
+                self.gso_segments,
             )
         else:
             sent = 0
