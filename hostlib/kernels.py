@@ -105,11 +105,15 @@ def _write_header(row, code, job_number, tsi, set_, slot, e0):
 @njit(cache=True, nogil=True, inline="always")
 def _bswap32(u):
     """Byte-swap a uint32 (LLVM turns this into one bswap, or a shuffle when vectorized)."""
-    return (
-        (u >> np.uint32(24))
-        | ((u >> np.uint32(8)) & np.uint32(0xFF00))
-        | ((u << np.uint32(8)) & np.uint32(0xFF0000))
-        | (u << np.uint32(24))
+    u = np.uint32(u)
+    return np.uint32(
+        (
+            (u >> np.uint32(24))
+            | ((u >> np.uint32(8)) & np.uint32(0xFF00))
+            | ((u << np.uint32(8)) & np.uint32(0xFF0000))
+            | (u << np.uint32(24))
+        )
+        & np.uint32(0xFFFFFFFF)  # Numba computes in 64 bits
     )
 
 

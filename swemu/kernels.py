@@ -89,6 +89,38 @@ HEADER_LEN = 10
 MSG_TYPE = 1
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _bswap32(u):
+    """Network <-> host order of a uint32. The payload is handled as uint32
+    words (an unaligned view: the header is 10 bytes), so these loops vectorize."""
+    u = np.uint32(u)
+    return np.uint32(
+        (
+            (u >> np.uint32(24))
+            | ((u >> np.uint32(8)) & np.uint32(0xFF00))
+            | ((u << np.uint32(8)) & np.uint32(0xFF0000))
+            | (u << np.uint32(24))
+        )
+        & np.uint32(0xFFFFFFFF)  # Numba computes in 64 bits
+    )
+
+
+@njit(cache=True, nogil=True)
+def _write_words(dst, src):
+    """``dst[i] = bswap(src[i])``: a payload into a slot (network to host order)
+    or a slot into a result (host to network). A function of its own, on plain
+    1-D arrays, so that LLVM vectorizes it (inside the big kernel it did not)."""
+    for i in range(dst.shape[0]):
+        dst[i] = _bswap32(src[i])
+
+
+@njit(cache=True, nogil=True)
+def _add_words(acc, src):
+    """``acc[i] += bswap(src[i])`` modulo 2^32 (§2: the registers wrap)."""
+    for i in range(acc.shape[0]):
+        acc[i] = np.uint32((np.uint64(acc[i]) + _bswap32(src[i])) & np.uint64(0xFFFFFFFF))
+
+
 @njit(cache=True, nogil=True)
 def _lookup(addr_keys, addr_vals, key):
     """Binary search of ``key`` in the sorted address table; -1 if absent."""
@@ -237,27 +269,13 @@ def _process_batch(
         e0 = np.int8(buf[r, 8])
         e1 = np.int8(buf[r, 9])
         if not retrans:
+            words = buf[r, HEADER_LEN : HEADER_LEN + 4 * nvals].view(np.uint32)
             if before == 0:
-                for i in range(nvals):
-                    o = HEADER_LEN + 4 * i
-                    vals[base + i] = (
-                        (np.uint32(buf[r, o]) << np.uint32(24))
-                        | (np.uint32(buf[r, o + 1]) << np.uint32(16))
-                        | (np.uint32(buf[r, o + 2]) << np.uint32(8))
-                        | np.uint32(buf[r, o + 3])
-                    )
+                _write_words(vals[base : base + nvals], words)
                 ex[2 * k] = e0
                 ex[2 * k + 1] = e1
             else:
-                for i in range(nvals):
-                    o = HEADER_LEN + 4 * i
-                    v = (
-                        (np.uint32(buf[r, o]) << np.uint32(24))
-                        | (np.uint32(buf[r, o + 1]) << np.uint32(16))
-                        | (np.uint32(buf[r, o + 2]) << np.uint32(8))
-                        | np.uint32(buf[r, o + 3])
-                    )
-                    vals[base + i] = np.uint32(vals[base + i] + v)
+                _add_words(vals[base : base + nvals], words)
                 if e0 > ex[2 * k]:
                     ex[2 * k] = e0
                 if e1 > ex[2 * k + 1]:
@@ -282,13 +300,10 @@ def _process_batch(
         out_buf[r, 7] = slot & 0xFF
         out_buf[r, 8] = np.uint8(np.int64(ex[2 * k]) & 0xFF)
         out_buf[r, 9] = np.uint8(np.int64(ex[2 * k + 1]) & 0xFF)
-        for i in range(nvals):
-            o = HEADER_LEN + 4 * i
-            v = vals[base + i]
-            out_buf[r, o] = (v >> np.uint32(24)) & np.uint32(0xFF)
-            out_buf[r, o + 1] = (v >> np.uint32(16)) & np.uint32(0xFF)
-            out_buf[r, o + 2] = (v >> np.uint32(8)) & np.uint32(0xFF)
-            out_buf[r, o + 3] = v & np.uint32(0xFF)
+        _write_words(
+            out_buf[r, HEADER_LEN : HEADER_LEN + 4 * nvals].view(np.uint32),
+            vals[base : base + nvals],
+        )
         out_len[r] = plen
         if retrans:
             action[r] = A_UNICAST
