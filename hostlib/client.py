@@ -160,6 +160,11 @@ class AsyncContext:
         if self.options.gso:
             seg_max = fastpath.enable_gso(self._sock, self.protocol.rows.shape[1], self._switch_ip)
         self.gso_segments = seg_max
+        gro = (
+            self.options.gso
+            and os.environ.get("SWITCHML_GRO", "1") != "0"
+            and fastio.enable_gro(self._sock)
+        )
         self._io = fastpath.FastIO(
             self._batch,
             self._lens,
@@ -168,6 +173,7 @@ class AsyncContext:
             wire.ipv4_to_int(self._switch_ip),
             ports,
             seg_max,
+            gro,
         )
 
     def close(self) -> None:

@@ -89,6 +89,18 @@ def pump(
     rx_names,
     ok,
     switch_ip,
+    gro,
+    g_hdr,
+    g_hdr_ptr,
+    g_names,
+    g_cmsg,
+    g_cmsg_ptr,
+    g_land,
+    g_mlens,
+    g_gso,
+    g_mip,
+    g_mport,
+    g_cursor,
     tx_hdr,
     tx_hdr_ptr,
     tx_iov,
@@ -134,7 +146,28 @@ def pump(
     every batch and send what it releases. Returns the datagrams received."""
     total = 0
     while True:
-        n = fastio.recv_batch(fd, rx_hdr, rx_hdr_ptr, cap, lens, src_ip, src_port, rx_names)
+        if gro:
+            n = fastio.recv_rows(
+                fd,
+                g_hdr,
+                g_hdr_ptr,
+                g_names,
+                g_cmsg,
+                g_cmsg_ptr,
+                g_land,
+                g_mlens,
+                g_gso,
+                g_mip,
+                g_mport,
+                g_cursor,
+                buf,
+                lens,
+                src_ip,
+                src_port,
+                cap,
+            )
+        else:
+            n = fastio.recv_batch(fd, rx_hdr, rx_hdr_ptr, cap, lens, src_ip, src_port, rx_names)
         if n == 0:
             return total
         total += n
@@ -198,7 +231,7 @@ def pump(
                 ports,
                 seg_max,
             )
-        if n < cap:
+        if n < cap and (not gro or g_cursor[3] == 0):
             return total
 
 
@@ -221,6 +254,7 @@ class FastIO:
         switch_ip: int,
         ports: list[int],
         seg_max: int = 1,
+        gro: bool = False,
     ) -> None:
         cap = batch.shape[0]
         k = rows.shape[0]
@@ -244,6 +278,8 @@ class FastIO:
             ok,
             int(switch_ip),
         )
+        self.gro = fastio.GroRx(16 if gro else 1)
+        self.rx_args += (bool(gro), *self.gro.args())
         self.tx_args = (tx.hdr, tx.hdr_ptr, tx.iov, tx.names)
         self.slot_args = (
             rows.ctypes.data + rows.strides[0] * np.arange(k, dtype=np.int64),
@@ -268,11 +304,29 @@ class FastIO:
         rx = self.rx
         total = 0
         while True:
-            n = fastio.recv_batch(
-                fd, rx.hdr, rx.hdr_ptr, self.cap, self.lens, self.src_ip, self.src_port, rx.names
-            )
+            if self.rx_args[9]:  # UDP_GRO: cut coalesced messages back into datagrams
+                n = fastio.recv_rows(
+                    fd,
+                    *self.gro.args(),
+                    self.batch,
+                    self.lens,
+                    self.src_ip,
+                    self.src_port,
+                    self.cap,
+                )
+            else:
+                n = fastio.recv_batch(
+                    fd,
+                    rx.hdr,
+                    rx.hdr_ptr,
+                    self.cap,
+                    self.lens,
+                    self.src_ip,
+                    self.src_port,
+                    rx.names,
+                )
             total += n
-            if n < self.cap:
+            if n == 0:
                 return total
 
 
@@ -318,7 +372,14 @@ def warmup() -> None:
             op = proto.allreduce(np.ones(40, dtype), None, 0.0)
             batch = np.zeros((2, proto.rows.shape[1] + 1), np.uint8)
             io = FastIO(
-                batch, np.zeros(2, np.int32), np.zeros(2, np.uint8), proto.rows, 0x7F000001, [9], 2
+                batch,
+                np.zeros(2, np.int32),
+                np.zeros(2, np.uint8),
+                proto.rows,
+                0x7F000001,
+                [9],
+                2,
+                True,
             )
             io.pump(sock.fileno(), 0.0, op.result_args)
             io.send(sock.fileno(), op.send, 0)

@@ -283,3 +283,140 @@ def send_batch_gso(
             hdr[i, 4] = 0
             hdr[i, 5] = 0
     return sent
+
+
+UDP_GRO = 104  # linux/udp.h: receive coalesced datagrams with their segment size (5.0+)
+GRO_MSG_BYTES = 65536  # one coalesced message is at most one IP datagram
+
+
+class GroRx:
+    """Receiving with UDP generic receive offload (``UDP_GRO``).
+
+    A socket with ``UDP_GRO`` on receives a run of equal-size datagrams from one
+    sender (a GSO message of a worker, say) as one message of up to 64 KiB plus
+    a cmsg with the segment size: one skb and one queue operation in the kernel
+    instead of one per datagram. :func:`recv_rows` lands up to ``capacity``
+    messages and cuts them back into datagrams, one per row of the caller's
+    batch, so the code behind it sees exactly what plain ``recvmmsg`` gave.
+    The cursor keeps what did not fit into one batch for the next call.
+
+    ``cursor``: [next message, byte offset in it, messages landed, more] where
+    ``more`` is 1 while landed messages remain or the last receive was full."""
+
+    def __init__(self, capacity: int) -> None:
+        self.vec = MsgVec(capacity)
+        self.land = np.zeros((capacity, GRO_MSG_BYTES), np.uint8)
+        self.vec.point_at_rows(self.land)
+        self.mlens = np.zeros(capacity, np.int32)
+        self.gso = np.zeros(capacity, np.int32)
+        self.mip = np.zeros(capacity, np.uint32)
+        self.mport = np.zeros(capacity, np.int32)
+        self.cursor = np.zeros(4, np.int64)
+
+    def args(self) -> tuple:
+        """The arguments of :func:`recv_rows` before the batch's arrays."""
+        v = self.vec
+        return (
+            v.hdr,
+            v.hdr_ptr,
+            v.names,
+            v.cmsg,
+            v.cmsg_ptr,
+            self.land,
+            self.mlens,
+            self.gso,
+            self.mip,
+            self.mport,
+            self.cursor,
+        )
+
+
+def enable_gro(sock: socket.socket) -> bool:
+    """Turn ``UDP_GRO`` on for ``sock``; False where the kernel lacks it."""
+    if not AVAILABLE:
+        return False
+    try:
+        sock.setsockopt(SOL_UDP, UDP_GRO, 1)
+        return True
+    except OSError:
+        return False
+
+
+@njit(cache=True, nogil=True)
+def recv_rows(
+    fd,
+    hdr,
+    hdr_ptr,
+    names,
+    cmsg,
+    cmsg_ptr,
+    land,
+    mlens,
+    gso,
+    mip,
+    mport,
+    cursor,
+    buf,
+    lens,
+    ip,
+    port,
+    max_rows,
+):
+    """Fill up to ``max_rows`` rows of ``buf`` (with ``lens``/``ip``/``port``)
+    with received datagrams, cutting coalesced messages at their segment size;
+    receives (without blocking) only when the landed messages are used up.
+    Returns the rows filled: 0 when the socket is empty. A datagram longer than
+    a row is cut to the row's length, as ``recvmmsg`` into the row would."""
+    cap = hdr.shape[0]
+    row_len = buf.shape[1]
+    r = 0
+    while r < max_rows:
+        if cursor[0] >= cursor[2]:
+            if r > 0 and cursor[3] == 0:
+                break  # the last receive was not full: the socket is (nearly) empty
+            for i in range(cap):
+                hdr[i, 1] = 16
+                hdr[i, 4] = np.uint64(cmsg_ptr + CMSG_SPACE_U16 * i)
+                hdr[i, 5] = CMSG_SPACE_U16
+            n = c_recvmmsg(fd, hdr_ptr, cap, MSG_DONTWAIT, 0)
+            cursor[0] = 0
+            cursor[1] = 0
+            cursor[2] = max(n, 0)
+            cursor[3] = 1 if n == cap else 0
+            if n <= 0:
+                break
+            for i in range(n):
+                mlens[i] = np.int32(hdr[i, 7] & np.uint64(0xFFFFFFFF))
+                g = 0
+                if hdr[i, 5] >= 20 and cmsg[i, 1] == np.uint64(SOL_UDP | (UDP_GRO << 32)):
+                    g = np.int32(cmsg[i, 2] & np.uint64(0xFFFFFFFF))
+                gso[i] = g
+                nm = names[i]
+                mport[i] = (np.int32(nm[2]) << 8) | np.int32(nm[3])
+                mip[i] = (
+                    (np.uint32(nm[4]) << np.uint32(24))
+                    | (np.uint32(nm[5]) << np.uint32(16))
+                    | (np.uint32(nm[6]) << np.uint32(8))
+                    | np.uint32(nm[7])
+                )
+        i = cursor[0]
+        off = cursor[1]
+        total = mlens[i]
+        seg = total - off
+        if gso[i] > 0 and gso[i] < seg:
+            seg = gso[i]
+        keep = min(seg, row_len)
+        buf[r, :keep] = land[i, off : off + keep]
+        lens[r] = keep
+        ip[r] = mip[i]
+        port[r] = mport[i]
+        r += 1
+        off += seg
+        if off >= total:
+            cursor[0] = i + 1
+            cursor[1] = 0
+        else:
+            cursor[1] = off
+    if cursor[0] < cursor[2]:
+        cursor[3] = 1
+    return r
