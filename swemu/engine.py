@@ -231,6 +231,7 @@ class SwitchEngine:
         self, config: EngineConfig | None = None, *, shard: tuple[int, int] = (0, 1)
     ) -> None:
         self.config = config or EngineConfig()
+        self.generation = 0  # changes whenever a job is created or dropped
         index, count = shard
         if not 0 <= index < count:
             raise ValueError(f"shard index {index} must be in 0..{count - 1}")
@@ -379,6 +380,7 @@ class SwitchEngine:
         self.worker_counters[j] = 0
         job = Job(session_id, j, w, code, pool, now, slots=held)
         self.jobs[session_id] = job
+        self.generation += 1
         self._by_index[j] = job
         return job
 
@@ -398,6 +400,7 @@ class SwitchEngine:
         self.job_code[j] = -1
         self.dst_port[j] = -1
         del self.jobs[job.session_id]
+        self.generation += 1
         del self._by_index[j]
         self._free.append(j)
         self.released[why] += 1

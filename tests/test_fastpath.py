@@ -242,3 +242,36 @@ def test_recv_rows_cuts_coalesced_messages_back_into_the_datagrams():
     finally:
         rx.close()
         tx.close()
+
+
+async def test_emulator_turns_gro_on_for_small_packets_and_off_for_large():
+    """UDP_GRO on the switch socket pays for small packets only: "auto" turns
+    it on while every job uses size code <= 4 and off when an 8 KiB job comes,
+    and both phases (and the switch-over) give exact sums."""
+    import swemu
+    from swemu.dataplane import GRO_MAX_CODE
+
+    if not fastio.gso_available():
+        pytest.skip("no UDP GSO/GRO in this kernel")
+    async with swemu.serve(host="127.0.0.1", port=0, control_port=0) as emu:
+        dp = emu.data_plane
+        sw = "%s:%d" % emu.data_address
+        ctl = "%s:%d" % emu.control_address
+
+        async def job(code, n=100_000):
+            async def one(rank):
+                async with hostlib.aconnect(
+                    sw, ctl, rank=rank, world_size=2, packet_size=code, window=16
+                ) as a:
+                    return await a.allreduce(np.full(n, rank + 1, np.int32))
+
+            ys = await asyncio.gather(one(0), one(1))
+            for y in ys:
+                assert (y == 3).all()
+
+        await job(3)
+        assert GRO_MAX_CODE >= 3 and dp._gro_socket and dp.gro
+        await job(6)  # a job of 8 KiB packets: GRO goes off (after the switch-over)
+        assert not dp._gro_socket
+        await job(6)
+        assert not dp.gro
