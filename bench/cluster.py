@@ -470,7 +470,8 @@ class BenchConfig:
     delay_ms: float = 0.0
     loss_pct: float = 0.0
     queue_bytes: int = 4 << 20
-    emulator_nice: int = 0  # < 0: the emulator before the workers on the CPU
+    emulator_nice: int = -10  # < 0: the emulator before the workers on the CPU (a switch
+    # has its own silicon; on a 2-core host it must not queue behind the workers)
     prefix: str | None = None
     subnet: str = "10.201.0"
     step_timeout: float = 120.0  # plus 20× the ideal time of the step

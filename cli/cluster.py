@@ -164,11 +164,11 @@ def _need_root() -> None:
 )
 @click.option(
     "--emulator-nice",
-    default=0,
+    default=-10,
     show_default=True,
     type=click.IntRange(-20, 19),
-    help="Scheduling niceness of the emulator (e.g. -10: it runs before the workers, "
-    "as a switch that does not share their CPU would).",
+    help="Scheduling niceness of the emulator. The default -10 runs it before the "
+    "workers, as a switch that does not share their CPU would; 0 makes it compete.",
 )
 @click.option(
     "--subnet",
