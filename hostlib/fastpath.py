@@ -51,14 +51,7 @@ def send_slots(
             if g == 0:
                 hdr[m, 1] = 16
                 hdr[m, 2] = iov_ptr + np.uint64(16 * j)
-                nm = names[m]
-                nm[2] = np.uint8((p >> 8) & 0xFF)
-                nm[3] = np.uint8(p & 0xFF)
-                ip = np.uint32(slot_ip[s])
-                nm[4] = np.uint8(ip >> np.uint32(24))
-                nm[5] = np.uint8((ip >> np.uint32(16)) & np.uint32(0xFF))
-                nm[6] = np.uint8((ip >> np.uint32(8)) & np.uint32(0xFF))
-                nm[7] = np.uint8(ip & np.uint32(0xFF))
+                fastio.set_name(names, m, slot_ip[s], p)
                 m += 1
             iov[j, 0] = np.uint64(slot_ptr[s])
             iov[j, 1] = np.uint64(slot_len[s])
@@ -146,28 +139,29 @@ def pump(
     every batch and send what it releases. Returns the datagrams received."""
     total = 0
     while True:
-        if gro:
-            n = fastio.recv_rows(
-                fd,
-                g_hdr,
-                g_hdr_ptr,
-                g_names,
-                g_cmsg,
-                g_cmsg_ptr,
-                g_land,
-                g_mlens,
-                g_gso,
-                g_mip,
-                g_mport,
-                g_cursor,
-                buf,
-                lens,
-                src_ip,
-                src_port,
-                cap,
-            )
-        else:
-            n = fastio.recv_batch(fd, rx_hdr, rx_hdr_ptr, cap, lens, src_ip, src_port, rx_names)
+        n, more = fastio.receive(
+            fd,
+            cap,
+            buf,
+            lens,
+            src_ip,
+            src_port,
+            rx_hdr,
+            rx_hdr_ptr,
+            rx_names,
+            gro,
+            g_hdr,
+            g_hdr_ptr,
+            g_names,
+            g_cmsg,
+            g_cmsg_ptr,
+            g_land,
+            g_mlens,
+            g_gso,
+            g_mip,
+            g_mport,
+            g_cursor,
+        )
         if n == 0:
             return total
         total += n
@@ -231,7 +225,7 @@ def pump(
                 ports,
                 seg_max,
             )
-        if n < cap and (not gro or g_cursor[3] == 0):
+        if not more:
             return total
 
 
@@ -304,29 +298,20 @@ class FastIO:
         rx = self.rx
         total = 0
         while True:
-            if self.rx_args[9]:  # UDP_GRO: cut coalesced messages back into datagrams
-                n = fastio.recv_rows(
-                    fd,
-                    *self.gro.args(),
-                    self.batch,
-                    self.lens,
-                    self.src_ip,
-                    self.src_port,
-                    self.cap,
-                )
-            else:
-                n = fastio.recv_batch(
-                    fd,
-                    rx.hdr,
-                    rx.hdr_ptr,
-                    self.cap,
-                    self.lens,
-                    self.src_ip,
-                    self.src_port,
-                    rx.names,
-                )
+            n, more = fastio.receive(
+                fd,
+                self.cap,
+                self.batch,
+                self.lens,
+                self.src_ip,
+                self.src_port,
+                rx.hdr,
+                rx.hdr_ptr,
+                rx.names,
+                *self.rx_args[9:],
+            )
             total += n
-            if n == 0:
+            if not more:
                 return total
 
 

@@ -25,6 +25,8 @@ import math
 import numpy as np
 from numba import njit
 
+from swemu.kernels import _bswap32
+
 HEADER_LEN = 10
 EXP_NONE = -128
 EXP_TSI_BASE = 1 << 31
@@ -100,21 +102,6 @@ def _write_header(row, code, job_number, tsi, set_, slot, e0):
     row[7] = np.uint8(slot & 0xFF)
     row[8] = np.uint8(e0 & 0xFF)
     row[9] = np.uint8(0)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _bswap32(u):
-    """Byte-swap a uint32 (LLVM turns this into one bswap, or a shuffle when vectorized)."""
-    u = np.uint32(u)
-    return np.uint32(
-        (
-            (u >> np.uint32(24))
-            | ((u >> np.uint32(8)) & np.uint32(0xFF00))
-            | ((u << np.uint32(8)) & np.uint32(0xFF0000))
-            | (u << np.uint32(24))
-        )
-        & np.uint32(0xFFFFFFFF)  # Numba computes in 64 bits
-    )
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -323,58 +323,6 @@ GRO_MAX_CODE = 4  # UDP_GRO pays for packets up to 2 KiB of payload (size code 4
 
 
 @njit(cache=True, nogil=True)
-def _receive(
-    fd,
-    cap,
-    buf,
-    lens,
-    ip,
-    port,
-    rx_hdr,
-    rx_ptr,
-    rx_names,
-    gro,
-    g_hdr,
-    g_hdr_ptr,
-    g_names,
-    g_cmsg,
-    g_cmsg_ptr,
-    g_land,
-    g_mlens,
-    g_gso,
-    g_mip,
-    g_mport,
-    g_cursor,
-):
-    """One batch of up to ``cap`` datagrams into the rows: ``recvmmsg`` straight
-    into them, or with ``UDP_GRO`` on, cut from landed coalesced messages
-    (:func:`swemu.fastio.recv_rows`). Returns (datagrams, whether more may wait)."""
-    if gro:
-        n = fastio.recv_rows(
-            fd,
-            g_hdr,
-            g_hdr_ptr,
-            g_names,
-            g_cmsg,
-            g_cmsg_ptr,
-            g_land,
-            g_mlens,
-            g_gso,
-            g_mip,
-            g_mport,
-            g_cursor,
-            buf,
-            lens,
-            ip,
-            port,
-            cap,
-        )
-        return n, n == cap or g_cursor[3] != 0
-    n = fastio.recv_batch(fd, rx_hdr, rx_ptr, cap, lens, ip, port, rx_names)
-    return n, n == cap
-
-
-@njit(cache=True, nogil=True)
 def _drain(
     fd,
     max_batches,
@@ -509,7 +457,7 @@ def _drain(
     _send_due_fast(now, fd, tx, io, stats)
     total = 0
     for _ in range(max_batches):
-        n, more = _receive(
+        n, more = fastio.receive(
             fd,
             cap,
             buf,
@@ -602,7 +550,7 @@ def _echo_drain(
     isolates the cost of aggregation from the cost of moving packets."""
     total = 0
     for _ in range(max_batches):
-        n, more = _receive(
+        n, more = fastio.receive(
             fd,
             cap,
             buf,
@@ -750,7 +698,7 @@ class DataPlane:
         if self.fast and not self.echo:
             self._drain_fast()  # an empty socket: returns at once, compiled
             b, rx = self.batch, self._rx
-            _receive(  # the stepwise path's receive (a capture may start later)
+            fastio.receive(  # the stepwise path's receive (a capture may start later)
                 self.sock.fileno(),
                 0,
                 b.buf,
@@ -892,7 +840,7 @@ class DataPlane:
             more = False
             if self.fast:
                 rx = self._rx
-                n, more = _receive(
+                n, more = fastio.receive(
                     self.sock.fileno(),
                     self.capacity,
                     b.buf,

@@ -174,7 +174,8 @@ def send_batch(fd, hdr, hdr_ptr, iov, names, n, row_ptr, row_len, dst_ip, dst_po
 
 
 @njit(cache=True, nogil=True)
-def _set_name(names, i, ip, port):
+def set_name(names, i, ip, port):
+    """Write (ip, port) into ``struct sockaddr_in`` row ``i`` of ``names``."""
     nm = names[i]
     nm[2] = np.uint8((port >> 8) & 0xFF)
     nm[3] = np.uint8(port & 0xFF)
@@ -222,7 +223,7 @@ def send_batch_gso(
             pt = dst_port[d]
             hdr[m, 1] = 16
             hdr[m, 2] = iov_base + np.uint64(16 * j)
-            _set_name(names, m, ip, pt)
+            set_name(names, m, ip, pt)
             first[m] = j
             g = 0
             e = d
@@ -420,3 +421,56 @@ def recv_rows(
     if cursor[0] < cursor[2]:
         cursor[3] = 1
     return r
+
+
+@njit(cache=True, nogil=True)
+def receive(
+    fd,
+    cap,
+    buf,
+    lens,
+    ip,
+    port,
+    rx_hdr,
+    rx_ptr,
+    rx_names,
+    gro,
+    g_hdr,
+    g_hdr_ptr,
+    g_names,
+    g_cmsg,
+    g_cmsg_ptr,
+    g_land,
+    g_mlens,
+    g_gso,
+    g_mip,
+    g_mport,
+    g_cursor,
+):
+    """One batch of up to ``cap`` datagrams into the rows of ``buf``: ``recvmmsg``
+    straight into them (``rx_*``, a :class:`MsgVec` pointed at the rows), or with
+    ``UDP_GRO`` on, cut from landed coalesced messages (``g_*``: :meth:`GroRx.args`,
+    :func:`recv_rows`). Returns (datagrams, whether more may be waiting)."""
+    if gro:
+        n = recv_rows(
+            fd,
+            g_hdr,
+            g_hdr_ptr,
+            g_names,
+            g_cmsg,
+            g_cmsg_ptr,
+            g_land,
+            g_mlens,
+            g_gso,
+            g_mip,
+            g_mport,
+            g_cursor,
+            buf,
+            lens,
+            ip,
+            port,
+            cap,
+        )
+        return n, n == cap or g_cursor[3] != 0
+    n = recv_batch(fd, rx_hdr, rx_ptr, cap, lens, ip, port, rx_names)
+    return n, n == cap

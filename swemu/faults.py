@@ -321,6 +321,21 @@ def config_of(engine: SwitchEngine, session_id: int = 0, rank: int | None = None
     )
 
 
+def request_config(msg: Any) -> tuple[FaultConfig, int | None]:
+    """The fault settings of a ``SetFaults`` request and the rank it targets
+    (None: every worker of the job)."""
+    cfg = FaultConfig(
+        loss_in=msg.loss_in,
+        loss_out=msg.loss_out,
+        duplicate=msg.duplicate,
+        reorder_ms=msg.reorder_ms,
+        delay_ms=msg.delay_ms,
+        link_gbps=msg.link_gbps,
+    )
+    rank = msg.worker if msg.HasField("worker") and msg.worker >= 0 else None
+    return cfg, rank
+
+
 class FaultControl:
     """The ``EmulatorControl.SetFaults`` handler: message in, configuration in force out."""
 
@@ -329,15 +344,7 @@ class FaultControl:
         self.dataplane = dataplane
 
     def __call__(self, msg: Any) -> Any:
-        cfg = FaultConfig(
-            loss_in=msg.loss_in,
-            loss_out=msg.loss_out,
-            duplicate=msg.duplicate,
-            reorder_ms=msg.reorder_ms,
-            delay_ms=msg.delay_ms,
-            link_gbps=msg.link_gbps,
-        )
-        rank = msg.worker if msg.HasField("worker") and msg.worker >= 0 else None
+        cfg, rank = request_config(msg)
         configure(
             self.engine,
             self.dataplane,

@@ -864,17 +864,9 @@ class ShardedEmulator:
     async def set_faults(self, msg: Any) -> Any:
         """The ``SetFaults`` handler: checked here, applied in every shard
         (a seed s becomes s + i in shard i)."""
-        from .faults import FaultConfig, FaultError, UnknownSessionError
+        from .faults import FaultError, UnknownSessionError, request_config
 
-        cfg = FaultConfig(
-            loss_in=msg.loss_in,
-            loss_out=msg.loss_out,
-            duplicate=msg.duplicate,
-            reorder_ms=msg.reorder_ms,
-            delay_ms=msg.delay_ms,
-            link_gbps=msg.link_gbps,
-        )
-        rank = msg.worker if msg.HasField("worker") and msg.worker >= 0 else None
+        cfg, rank = request_config(msg)
         assert self.target is not None
         if msg.session_id and msg.session_id not in self.target.jobs:
             raise UnknownSessionError(f"no session {msg.session_id} is registered")
