@@ -273,7 +273,8 @@ class FastIO:
             int(switch_ip),
         )
         self.gro = fastio.GroRx(16 if gro else 1)
-        self.rx_args += (bool(gro), *self.gro.args())
+        self.gro_args = (bool(gro), *self.gro.args())  # the tail of fastio.receive's
+        self.rx_args += self.gro_args
         self.tx_args = (tx.hdr, tx.hdr_ptr, tx.iov, tx.names)
         self.slot_args = (
             rows.ctypes.data + rows.strides[0] * np.arange(k, dtype=np.int64),
@@ -308,17 +309,14 @@ class FastIO:
                 rx.hdr,
                 rx.hdr_ptr,
                 rx.names,
-                *self.rx_args[9:],
+                *self.gro_args,
             )
             total += n
             if not more:
                 return total
 
 
-UDP_SEGMENT = 103  # linux/udp.h: the socket option of UDP segmentation offload (4.18+)
 IP_MTU = 14  # linux/in.h: the path MTU of a connected socket
-GSO_MAX_BYTES = 65000  # one message's payload stays under the 64 KiB IP datagram limit
-GSO_MAX_SEGMENTS = 64  # UDP_MAX_SEGMENTS of Linux 4.18-6.x kernels (newer allow 128)
 
 
 def enable_gso(sock: socket.socket, packet_len: int, switch_ip: str) -> int:
@@ -336,12 +334,12 @@ def enable_gso(sock: socket.socket, packet_len: int, switch_ip: str) -> int:
         mtu = probe.getsockopt(socket.IPPROTO_IP, IP_MTU)
         if packet_len + 28 > mtu:  # IPv4 + UDP headers
             return 1
-        sock.setsockopt(socket.IPPROTO_UDP, UDP_SEGMENT, packet_len)
+        sock.setsockopt(fastio.SOL_UDP, fastio.UDP_SEGMENT, packet_len)
     except OSError:
         return 1
     finally:
         probe.close()
-    return max(1, min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // packet_len))
+    return max(1, min(fastio.GSO_MAX_SEGMENTS, fastio.GSO_MAX_BYTES // packet_len))
 
 
 def warmup() -> None:

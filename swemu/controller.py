@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from .engine import Job, SwitchEngine
+    from .engine import EngineConfig, Job, SwitchEngine
 
 log = logging.getLogger("swemu.controller")
 
@@ -431,6 +431,40 @@ class SessionController:
 
 
 # ----------------------------------------------------------------------------- emulator
+def emulator_limits(cfg: EngineConfig) -> TargetLimits:
+    """What the emulator accepts (one process or sharded: the same limits)."""
+    return TargetLimits(
+        max_workers=cfg.max_workers,
+        max_pool_size=cfg.pool_size,
+        default_pool_size=cfg.pool_size,
+        size_codes=frozenset(SIZE_CODES),
+    )
+
+
+def emulator_room(
+    job: JobParams, replacing: Any | None, cfg: EngineConfig, in_use: int, free_entries: int
+) -> RegistrationError | None:
+    """The emulator's admission rule: the pool must fit ``--max-pool-memory`` next
+    to the ``in_use`` bytes of the other jobs (a job being replaced gives its
+    memory and its entry back), and a job entry must be free."""
+    from .engine import pool_bytes
+
+    need = pool_bytes(job.pool_size, job.size_code)
+    in_use -= replacing.memory if replacing is not None else 0
+    if in_use + need > cfg.max_pool_memory:
+        return RegistrationError(
+            RESOURCE_EXHAUSTED,
+            f"a pool of {job.pool_size} slots at size code {job.size_code} needs {need} "
+            f"bytes; {in_use} of the switch's {cfg.max_pool_memory} bytes are in use "
+            f"(--max-pool-memory)",
+        )
+    if free_entries + (replacing is not None) == 0:
+        return RegistrationError(
+            RESOURCE_EXHAUSTED, f"all {cfg.max_jobs} job entries of the switch are in use"
+        )
+    return None
+
+
 class EmulatorTarget:
     """The model's tables in a :class:`swemu.engine.SwitchEngine`: each job gets
     arrays of its own, the worker table is the engine's sorted address table, the
@@ -442,35 +476,14 @@ class EmulatorTarget:
 
     @property
     def limits(self) -> TargetLimits:
-        cfg = self.engine.config
-        return TargetLimits(
-            max_workers=cfg.max_workers,
-            max_pool_size=cfg.pool_size,
-            default_pool_size=cfg.pool_size,
-            size_codes=frozenset(SIZE_CODES),
-        )
+        return emulator_limits(self.engine.config)
 
     def set_switch_address(self, address: SwitchAddress) -> None:
         self.engine.switch_address = address
 
     def room_for_job(self, job: JobParams, replacing: Job | None) -> RegistrationError | None:
-        from .engine import pool_bytes
-
-        eng, cfg = self.engine, self.engine.config
-        need = pool_bytes(job.pool_size, job.size_code)
-        in_use = eng.memory_in_use - (replacing.memory if replacing is not None else 0)
-        if in_use + need > cfg.max_pool_memory:
-            return RegistrationError(
-                RESOURCE_EXHAUSTED,
-                f"a pool of {job.pool_size} slots at size code {job.size_code} needs {need} "
-                f"bytes; {in_use} of the switch's {cfg.max_pool_memory} bytes are in use "
-                f"(--max-pool-memory)",
-            )
-        if eng.free_job_entries + (replacing is not None) == 0:
-            return RegistrationError(
-                RESOURCE_EXHAUSTED, f"all {cfg.max_jobs} job entries of the switch are in use"
-            )
-        return None
+        eng = self.engine
+        return emulator_room(job, replacing, eng.config, eng.memory_in_use, eng.free_job_entries)
 
     def check_worker(self, worker: WorkerAddress) -> RegistrationError | None:
         return None  # the emulator answers any address the socket can reach

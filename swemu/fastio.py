@@ -206,6 +206,7 @@ def send_batch_gso(
     cap = hdr.shape[0]
     iov_base = np.uint64(iov.ctypes.data)
     taken = np.zeros(n, np.uint8)
+    first = np.zeros(cap, np.int64)  # per message: its first iovec
     sent = 0
     d = 0
     full = False
@@ -213,7 +214,6 @@ def send_batch_gso(
         # build up to cap messages (and at most cap iovecs) from the untaken datagrams
         m = 0
         j = 0
-        first = np.zeros(cap, np.int64)
         while d < n and m < cap and j < cap:
             if taken[d]:
                 d += 1

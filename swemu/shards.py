@@ -63,8 +63,6 @@ from typing import TYPE_CHECKING, Any
 from . import __version__
 from .controller import (
     BITMAP_WORKERS,
-    RESOURCE_EXHAUSTED,
-    SIZE_CODES,
     DropSimulation,
     JobParams,
     RegistrationError,
@@ -72,6 +70,8 @@ from .controller import (
     SwitchAddress,
     TargetLimits,
     WorkerAddress,
+    emulator_limits,
+    emulator_room,
     table_state,
 )
 from .wire import DEFAULT_CONTROL_PORT, DEFAULT_UDP_PORT
@@ -445,13 +445,7 @@ class ShardedTarget:
     # ------------------------------------------------------ Target protocol
     @property
     def limits(self) -> TargetLimits:
-        cfg = self.config
-        return TargetLimits(
-            max_workers=cfg.max_workers,
-            max_pool_size=cfg.pool_size,
-            default_pool_size=cfg.pool_size,
-            size_codes=frozenset(SIZE_CODES),
-        )
+        return emulator_limits(self.config)
 
     @property
     def memory_in_use(self) -> int:
@@ -463,23 +457,7 @@ class ShardedTarget:
     def room_for_job(
         self, job: JobParams, replacing: ShardedJob | None
     ) -> RegistrationError | None:
-        from .engine import pool_bytes
-
-        cfg = self.config
-        need = pool_bytes(job.pool_size, job.size_code)
-        in_use = self.memory_in_use - (replacing.memory if replacing is not None else 0)
-        if in_use + need > cfg.max_pool_memory:
-            return RegistrationError(
-                RESOURCE_EXHAUSTED,
-                f"a pool of {job.pool_size} slots at size code {job.size_code} needs {need} "
-                f"bytes; {in_use} of the switch's {cfg.max_pool_memory} bytes are in use "
-                f"(--max-pool-memory)",
-            )
-        if len(self._free) + (replacing is not None) == 0:
-            return RegistrationError(
-                RESOURCE_EXHAUSTED, f"all {cfg.max_jobs} job entries of the switch are in use"
-            )
-        return None
+        return emulator_room(job, replacing, self.config, self.memory_in_use, len(self._free))
 
     def check_worker(self, worker: WorkerAddress) -> RegistrationError | None:
         return None  # the emulator answers any address the sockets can reach

@@ -27,28 +27,17 @@ def emulator():
         yield emu
 
 
-def _gso_supported() -> bool:
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        s.setsockopt(socket.IPPROTO_UDP, fastpath.UDP_SEGMENT, 1000)
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
-
-
 def test_enable_gso_packs_within_64k_and_refuses_what_the_route_cannot_carry():
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        if not _gso_supported():
+        if not fastio.gso_available():
             assert fastpath.enable_gso(s, wire.packet_len(6), "127.0.0.1") == 1
             return
         for code in range(8):
             plen = wire.packet_len(code)
             k = fastpath.enable_gso(s, plen, "127.0.0.1")
-            assert 2 <= k <= fastpath.GSO_MAX_SEGMENTS
-            assert k * plen <= fastpath.GSO_MAX_BYTES
+            assert 2 <= k <= fastio.GSO_MAX_SEGMENTS
+            assert k * plen <= fastio.GSO_MAX_BYTES
         # a packet bigger than the loopback MTU would be IP-fragmented: no GSO
         assert fastpath.enable_gso(s, 70000, "127.0.0.1") == 1
     finally:
@@ -57,7 +46,7 @@ def test_enable_gso_packs_within_64k_and_refuses_what_the_route_cannot_carry():
 
 def test_switch_receives_plain_datagrams_of_the_packet_length():
     """A GSO message of 5 rows arrives as 5 datagrams, each one row, in order."""
-    if not _gso_supported():
+    if not fastio.gso_available():
         pytest.skip("no UDP_SEGMENT in this kernel")
     rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -103,7 +92,7 @@ async def test_same_result_with_and_without_gso(emulator, dtype):
 
     (y0, g0), (y1, g1) = await asyncio.gather(one(0, True), one(1, False))
     assert g1 == 1
-    if _gso_supported():
+    if fastio.gso_available():
         assert g0 > 1
     want = (xs[0].astype(np.float64) + xs[1]).astype(dtype)
     np.testing.assert_array_equal(y0, y1)
