@@ -725,6 +725,7 @@ def _step(
     ok = all(c["ok"] for c in checks)
     worst = max(c["worst"] for c in checks)
     retx = sum(d.get("retransmissions", 0) for d in done)
+    counters["spurious"] = sum(d.get("spurious", 0) for d in done)
     return t, ok, worst, retx, counters
 
 
@@ -811,6 +812,7 @@ def summarize(records: Sequence[Record]) -> list[dict[str, Any]]:
                 "efficiency": rs[0].ideal / med,
                 "ok": all(r.ok for r in rs),
                 "retransmissions": sum(r.retransmissions for r in rs),
+                "spurious": sum(int(r.counters.get("spurious", 0)) for r in rs),
                 "wire_ideal_s": statistics.median(
                     r.counters.get("busiest_link_bytes", 0) for r in rs
                 )

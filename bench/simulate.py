@@ -932,7 +932,8 @@ class LoopbackTiming:
     """The worker's retransmission timer as ``hostlib.protocol.Timing`` has it:
     ``timeout`` first and as a floor, then ``srtt + 4·rttvar`` (RFC 6298, no
     samples from retransmitted packets), doubled every ``backoff_after``
-    consecutive timeouts of a slot, up to ``max_timeout``."""
+    consecutive timeouts of a slot, up to ``max_timeout``; a duplicate result
+    doubles the floor (at most once per timeout), which decays back slowly."""
 
     timeout: float = 0.02
     backoff_after: int = 3
@@ -982,11 +983,12 @@ def simulate_loopback(
     if timeslice is None:
         scale = 1 + math.log2(cores)
         timeslice = max(6e-3 * scale / (background + workers + 1), 0.75e-3 * scale)
-    rtt = [[0.0, 0.0, 0.0] for _ in range(workers + 1)]
+    rtt = [[0.0, 0.0, 0.0, 0.0, -math.inf] for _ in range(workers + 1)]  # hostlib's K.R_*
     args = (cal, workers, nbytes, size_code, window, is_float, cores, background, timeslice)
     first = _loopback_call(*args, batch, timing, rtt)
     res = _loopback_call(*args, batch, timing, rtt)
     res.detail["first_call"] = first.time
+    res.detail["first_call_retransmissions"] = first.detail["retransmissions"]
     return res
 
 
@@ -1067,10 +1069,11 @@ def _loopback_call(
             dispatch()
 
     def new_rto(p: int) -> float:
-        srtt, var, n = rtt[p]
+        srtt, var, n, floor, _ = rtt[p]
+        floor = max(timing.timeout, floor)
         if n == 0:
-            return timing.timeout
-        return min(max(timing.timeout, srtt + 4 * var), timing.max_timeout)
+            return min(floor, timing.max_timeout)
+        return min(max(floor, srtt + 4 * var), timing.max_timeout)
 
     def sent_new(p: int, c: int, now: float) -> None:
         first_sent[p, c] = now
@@ -1114,6 +1117,10 @@ def _loopback_call(
             for c in items:
                 if got[p, c]:
                     stats["duplicates_at_workers"] += 1
+                    st = rtt[p]  # a spurious timeout: raise the floor (hostlib's _spurious)
+                    cur = new_rto(p)
+                    if now - st[4] >= cur:
+                        st[3], st[4] = min(2 * cur, timing.max_timeout), now
                     continue
                 got[p, c] = True
                 received[p] += 1
@@ -1126,6 +1133,8 @@ def _loopback_call(
                         st[1] = 0.75 * st[1] + 0.25 * abs(st[0] - sample)
                         st[0] = 0.875 * st[0] + 0.125 * sample
                     st[2] += 1
+                    if st[3] > timing.timeout:
+                        st[3] -= (st[3] - timing.timeout) / 8192
                 deadline[p, c] = math.inf
                 if next_chunk[p] < npkts:
                     n = next_chunk[p]

@@ -109,7 +109,9 @@ class Context:
 
     @property
     def last_stats(self) -> dict[str, int]:
-        """Packets sent, results, retransmissions and ignored datagrams of the last call."""
+        """Counters of the last call: ``sent`` packets, ``results``,
+        ``retransmissions``, ``spurious`` (duplicate results: retransmissions
+        that were not needed), ``ignored`` datagrams and socket ``wakeups``."""
         return dict(self._actx.last_stats)
 
 

@@ -20,9 +20,9 @@ from swemu import fastio, wire
 from swemu.netutil import mac_of_ipv4, parse_address, resolve_ipv4, set_socket_buffers
 
 from . import fastpath
+from . import kernels as K
 from .control import ControlClient, Membership
 from .errors import SwitchMLError
-from .kernels import K_RESULTS
 from .protocol import Allreduce, Timing, WorkerProtocol, warmup
 
 BATCH = 64
@@ -87,6 +87,7 @@ class AsyncContext:
         self._lens = np.zeros(BATCH, np.int32)
         self._ok = np.zeros(BATCH, np.uint8)
         self.stale = 0  # datagrams that arrived between calls
+        self._wakeups = 0  # socket reads (batches) of the running call
         self.gso_segments = 1  # packets per send message (1: no segmentation offload)
         self.last_stats: dict[str, int] = {}  # counters of the last call
 
@@ -201,6 +202,7 @@ class AsyncContext:
         op = self.protocol.allreduce(x, result, loop.time())
         if op.done:
             return result
+        self._wakeups = 0
         self._op = op
         self._done = loop.create_future()
         try:
@@ -219,10 +221,12 @@ class AsyncContext:
         op = self._op
         if op is not None:
             self.last_stats = {
-                "results": int(op.counters[0]),
-                "ignored": int(op.counters[1]),
-                "retransmissions": int(op.counters[2]),
-                "sent": int(op.counters[3]),
+                "results": int(op.counters[K.K_RESULTS]),
+                "ignored": int(op.counters[K.K_IGNORED]),
+                "retransmissions": int(op.counters[K.K_RETRANSMISSIONS]),
+                "sent": int(op.counters[K.K_SENT]),
+                "spurious": int(op.counters[K.K_SPURIOUS]),
+                "wakeups": self._wakeups,
             }
         if self._done is not None and not self._done.done():
             if exc is None:
@@ -275,6 +279,7 @@ class AsyncContext:
             if op is None:
                 self.stale += n
             else:
+                self._wakeups += 1
                 self._send(op, op.receive(self._batch, lens, ok, n, self._loop.time()))
                 if op.done:
                     self._finish()
@@ -287,9 +292,10 @@ class AsyncContext:
             self.stale += self._io.discard(fd)
             return
         now = self._loop.time()
-        before = op.counters[K_RESULTS]
+        before = op.counters[K.K_RESULTS]
         self._io.pump(fd, now, op.result_args)
-        if op.counters[K_RESULTS] != before:
+        self._wakeups += 1
+        if op.counters[K.K_RESULTS] != before:
             op.last_progress = now
             if op.done:
                 self._finish()

@@ -38,7 +38,17 @@ K_RESULTS = 0  # results accepted
 K_IGNORED = 1  # datagrams ignored: stale, duplicate, foreign or malformed
 K_RETRANSMISSIONS = 2  # packets resent on timeout
 K_SENT = 3  # packets sent, first transmissions and retransmissions
-N_COUNTERS = 4
+K_SPURIOUS = 4  # duplicate results: a retransmission turned out to be needless
+N_COUNTERS = 5
+
+# the retransmission timer's learned state (``rtt``, one per session)
+R_SRTT = 0  # smoothed round-trip time
+R_VAR = 1  # round-trip time variance
+R_SAMPLES = 2  # samples taken
+R_FLOOR = 3  # timeout floor raised by spurious timeouts (0: the configured one)
+R_RAISED = 4  # when the floor was last raised
+N_RTT = 5
+FLOOR_DECAY = 1.0 / 8192  # per RTT sample, the raised floor's way back down
 
 
 @njit(cache=True, nogil=True)
@@ -130,6 +140,30 @@ def _fill_data(row, xi, xf, is_float, chunk, nvals, shared_exp, num_workers, lim
             p[i - lo] = _bswap32(np.uint32(np.int64(xi[i]) & 0xFFFFFFFF))
     for i in range(hi - lo, nvals):
         p[i] = 0
+
+
+@njit(cache=True, nogil=True)
+def _timeout(rtt, rto_min, rto_max):
+    """A new packet's timeout: ``srtt + 4 rttvar`` (RFC 6298) within
+    ``[floor, rto_max]``; the floor is ``rto_min`` unless spurious timeouts
+    raised it. Before the first sample, the floor itself."""
+    floor = max(rto_min, rtt[R_FLOOR])
+    if rtt[R_SAMPLES] == 0:
+        return min(floor, rto_max)
+    return min(max(floor, rtt[R_SRTT] + 4.0 * rtt[R_VAR]), rto_max)
+
+
+@njit(cache=True, nogil=True)
+def _spurious(rtt, now, rto0, rto_max):
+    """A duplicate result came in: the switch answered a retransmission of a
+    packet whose result had arrived, so the timer fired although nothing was
+    lost (TCP's D-SACK signal, RFC 3708). On a link whose queue holds about a
+    timeout's worth of packets this repeats every window and the resends
+    lengthen the queue further; so the floor doubles, at most once per timeout
+    (one timer event gives a burst of duplicates), and decays again slowly."""
+    if now - rtt[R_RAISED] >= rto0:
+        rtt[R_FLOOR] = min(2.0 * rto0, rto_max)
+        rtt[R_RAISED] = now
 
 
 @njit(cache=True, nogil=True)
@@ -276,6 +310,17 @@ def _send_or_wait(s, now, send, n_send, deadline, quiet, waiting, guard):
 
 
 @njit(cache=True, nogil=True)
+def _previous(s, c, nslots, is_float):
+    """The TSI of slot s's packet before the one for chunk ``c`` (-1: none in
+    this call): chunk ``c - nslots``, or the slot's exponent packet."""
+    if c >= nslots:
+        return c - nslots
+    if is_float:
+        return EXP_TSI_BASE + s
+    return -1
+
+
+@njit(cache=True, nogil=True)
 def _on_results(
     buf,
     lens,
@@ -316,12 +361,13 @@ def _on_results(
 
     ``ok[r]`` is 0 for datagrams that did not come from the switch. Returns the
     number of slots in ``send`` whose (new) packet must be sent. ``rtt`` holds
-    the smoothed round-trip time, its variance and the sample count; a new
-    packet's timeout is ``srtt + 4 rttvar`` within ``[rto_min, rto_max]``, so a
-    loaded machine does not turn slow results into a retransmission storm."""
+    the timer's learned state (``R_*``); a new packet's timeout is
+    ``srtt + 4 rttvar`` within ``[floor, rto_max]`` (:func:`_timeout`), so a
+    loaded machine or a long link queue does not turn slow results into a
+    retransmission storm; duplicate results raise the floor (:func:`_spurious`)."""
     n_send = 0
     plen = HEADER_LEN + 4 * nvals
-    rto0 = min(max(rto_min, rtt[0] + 4.0 * rtt[1]), rto_max) if rtt[2] > 0 else rto_min
+    rto0 = _timeout(rtt, rto_min, rto_max)
     n_total = of.shape[0] if is_float else oi.shape[0]
     for r in range(n):
         row = buf[r]
@@ -335,15 +381,19 @@ def _on_results(
             counters[K_IGNORED] += 1
             continue
         c = chunk[s]
-        if c == DONE or waiting[s] != 0 or st != cur_set[s]:
-            counters[K_IGNORED] += 1
-            continue
         tsi = (
             (np.int64(row[2]) << 24)
             | (np.int64(row[3]) << 16)
             | (np.int64(row[4]) << 8)
             | np.int64(row[5])
         )
+        if c == DONE or waiting[s] != 0 or st != cur_set[s]:
+            # the result of the slot's previous packet once more?
+            if c >= 0 and st != cur_set[s] and tsi == _previous(s, c, nslots, is_float):
+                counters[K_SPURIOUS] += 1
+                _spurious(rtt, now, rto0, rto_max)
+            counters[K_IGNORED] += 1
+            continue
         expect = EXP_TSI_BASE + s if c == -1 else c
         if tsi != expect:
             counters[K_IGNORED] += 1
@@ -353,15 +403,16 @@ def _on_results(
         if tries[s] == 0:
             # RTT sample (Karn: never from a retransmitted packet), RFC 6298 smoothing
             sample = now - (deadline[s] - rto[s])
-            if rtt[2] == 0:
-                rtt[0] = sample
-                rtt[1] = sample / 2
+            if rtt[R_SAMPLES] == 0:
+                rtt[R_SRTT] = sample
+                rtt[R_VAR] = sample / 2
             else:
-                rtt[1] = 0.75 * rtt[1] + 0.25 * abs(rtt[0] - sample)
-                rtt[0] = 0.875 * rtt[0] + 0.125 * sample
-            rtt[2] += 1
-            rto_new = rtt[0] + 4.0 * rtt[1]
-            rto0 = min(max(rto_min, rto_new), rto_max)
+                rtt[R_VAR] = 0.75 * rtt[R_VAR] + 0.25 * abs(rtt[R_SRTT] - sample)
+                rtt[R_SRTT] = 0.875 * rtt[R_SRTT] + 0.125 * sample
+            rtt[R_SAMPLES] += 1
+            if rtt[R_FLOOR] > rto_min:
+                rtt[R_FLOOR] -= (rtt[R_FLOOR] - rto_min) * FLOOR_DECAY
+            rto0 = _timeout(rtt, rto_min, rto_max)
         if c == -1:
             shared_exp[s] = e0
         else:

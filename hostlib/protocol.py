@@ -45,7 +45,11 @@ class Timing:
     ``timeout`` is the first packets' timeout and the floor of the adaptive one:
     once results arrive, a new packet waits ``srtt + 4·rttvar`` (RFC 6298
     smoothing, no samples from retransmitted packets), so that a machine shared
-    with the emulator does not resend results that are merely late. A slot that
+    with the emulator does not resend results that are merely late. The learned
+    timeout carries over to the next call's first window. A duplicate result
+    (the switch answered a resend of a packet whose result had come) proves a
+    timeout spurious and doubles the floor, at most once per timeout; the
+    raised floor decays back towards ``timeout`` over about 8000 samples. A slot that
     times out ``backoff_after`` times in a row doubles its timeout, up to
     ``max_timeout``. An allreduce fails when no result at all arrived for
     ``no_progress``. (p4app-switchML: fixed 10 ms, doubling after 100 timeouts.)
@@ -115,7 +119,7 @@ class WorkerProtocol:
         self.next_set = np.zeros(window, np.uint8)
         self.calls = 0
         self.rows = np.zeros((window, wire.packet_len(size_code)), np.uint8)
-        self.rtt = np.zeros(3, np.float64)  # smoothed RTT, RTT variance, samples
+        self.rtt = np.zeros(K.N_RTT, np.float64)  # the timer's learned state (K.R_*)
         self.quiet = np.zeros(window, np.float64)  # per slot: last transmission + reorder guard
 
     def allreduce(self, x: np.ndarray, out: np.ndarray | None, now: float) -> Allreduce:
@@ -197,7 +201,7 @@ class Allreduce:
             self.tries,
             self.my_exp,
             self.shared_exp,
-            p.timing.timeout,
+            float(K._timeout(p.rtt, p.timing.timeout, p.timing.max_timeout)),
             self.limit,
         )
 

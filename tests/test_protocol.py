@@ -8,6 +8,7 @@ from fabric import Fabric, Faults
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hostlib import kernels as K
 from hostlib import quant
 from hostlib.errors import NoProgressError
 from hostlib.protocol import Timing, WorkerProtocol
@@ -117,6 +118,48 @@ def test_results_with_wrong_set_tsi_job_or_source_are_ignored():
         op.receive(buf, np.array([len(data)], np.int32), np.array([ok], np.uint8), 1, 0.0)
         assert not op.done
     assert op.counters[1] == 4  # ignored
+
+
+def _answer(op, pkt, now):
+    """Feed the switch's result for ``pkt`` (one worker: the sum is the packet)."""
+    data = wire.encode(
+        size_code=0,
+        job_number=pkt.job_number,
+        tsi=pkt.tsi,
+        set=pkt.set,
+        slot=pkt.slot,
+        values=pkt.values,
+    )
+    buf = np.frombuffer(data, np.uint8)[None, :].copy()
+    return op.receive(buf, np.array([len(data)], np.int32), np.ones(1, np.uint8), 1, now)
+
+
+def test_duplicate_result_marks_the_timeout_spurious_and_raises_the_floor():
+    """A resend answered after the original result came (the switch's unicast to
+    a retransmission) shows the timeout fired for nothing: the floor doubles,
+    once per timeout, carries over to the next call and decays with samples."""
+    proto = WorkerProtocol(num_workers=1, size_code=0, window=1, timing=Timing(timeout=0.02))
+    op = proto.allreduce(np.arange(96, dtype=np.int32), None, 0.0)
+    first = wire.decode(bytes(op.packets(op.initial(0.0))[0]))
+    assert op.handle_timer(0.021) == 1  # the timer resends chunk 0 ...
+    assert _answer(op, first, 0.030) == 1  # ... but the original result was only late
+    assert op.counters[K.K_SPURIOUS] == 0 and proto.rtt[K.R_FLOOR] == 0
+    assert _answer(op, first, 0.031) == 0  # the switch's answer to the resend
+    assert op.counters[K.K_SPURIOUS] == 1 and op.counters[K.K_IGNORED] == 1
+    assert proto.rtt[K.R_FLOOR] == pytest.approx(0.04)
+    assert _answer(op, first, 0.032) == 0  # same timer event: no second raise
+    assert op.counters[K.K_SPURIOUS] == 2 and proto.rtt[K.R_FLOOR] == pytest.approx(0.04)
+    # the new packet (chunk 1) already waits for the raised floor
+    assert op.get_timer() == pytest.approx(0.030 + 0.02)  # it was built before the duplicate
+    second = wire.decode(bytes(op.packets(1)[0]))
+    assert _answer(op, second, 0.035) == 1  # a sample of 5 ms: the floor decays a little
+    floor = proto.rtt[K.R_FLOOR]
+    assert 0.04 * (1 - 1 / 4096) < floor < 0.04
+    assert op.get_timer() == pytest.approx(0.035 + floor)  # chunk 2 uses the raised floor
+    # the next call's first window starts from what was learned, not from `timeout`
+    op2 = proto.allreduce(np.arange(32, dtype=np.int32), None, 1.0)
+    op2.initial(1.0)
+    assert op2.get_timer() == pytest.approx(1.0 + floor)
 
 
 def test_dead_peer_raises_no_progress_naming_the_chunk():
