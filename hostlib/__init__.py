@@ -139,8 +139,8 @@ def connect(
     ``switch``/``control`` are ``HOST:PORT`` (defaults: the controller at
     127.0.0.1:50099, the data plane wherever the controller says). ``packet_size``
     is a size code (default 3 = 256 values, Tofino-compatible; 6 is fastest on
-    the emulator), ``window`` the slots in flight (default 128, fewer for large
-    packets: at most 512 KiB in flight). ``timeout``,
+    the emulator), ``window`` the slots in flight (default: 512 KiB in flight,
+    at most 512 slots; 507 at code 3, 63 at code 6). ``timeout``,
     ``backoff_after``, ``max_timeout``, ``no_progress`` and ``reorder_guard``
     set retransmission, failure detection and protection against reordering
     networks (see :class:`Timing`). ``gso=False`` turns off UDP segmentation

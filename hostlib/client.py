@@ -29,9 +29,12 @@ BATCH = 64
 
 
 def default_window(packet_size: int) -> int:
-    """128 slots, or fewer for large packets: at most 512 KiB in flight per worker,
-    so that the switch's receive buffer holds a window from every worker."""
-    return max(8, min(128, (512 << 10) // wire.packet_len(packet_size)))
+    """As many slots as fit 512 KiB in flight per worker, at most 512 (so that the
+    switch's receive buffer holds a window from every worker): 507 for size code
+    3, 63 for code 6. Small packets need many slots: with code 3, 507 slots
+    instead of 128 made 4 × 64 MiB allreduces on loopback 12–20 % faster, since
+    every wakeup of the switch and of the workers handles longer batches."""
+    return max(8, min(512, (512 << 10) // wire.packet_len(packet_size)))
 
 
 @dataclass(frozen=True)
