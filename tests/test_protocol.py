@@ -80,6 +80,20 @@ def test_float32_equals_block_floating_point_model(w, n, seed, loss):
         assert np.all(np.abs(model[c : c + 32] - ex[c : c + 32]) <= quant.error_bound(m, w))
 
 
+def _answer(op, pkt, now):
+    """Feed the switch's result for ``pkt`` (one worker: the sum is the packet)."""
+    data = wire.encode(
+        size_code=0,
+        job_number=pkt.job_number,
+        tsi=pkt.tsi,
+        set=pkt.set,
+        slot=pkt.slot,
+        values=pkt.values,
+    )
+    buf = np.frombuffer(data, np.uint8)[None, :].copy()
+    return op.receive(buf, np.array([len(data)], np.int32), np.ones(1, np.uint8), 1, now)
+
+
 def test_set_parity_continues_across_calls():
     """A call's first packet on a slot uses the set opposite to the last one used."""
     proto = WorkerProtocol(num_workers=1, size_code=0, window=2)
@@ -90,17 +104,7 @@ def test_set_parity_continues_across_calls():
         while pkts:
             p = wire.decode(pkts.pop(0))
             sets.append((p.slot, p.set))
-            data = wire.encode(
-                size_code=0,
-                job_number=p.job_number,
-                tsi=p.tsi,
-                set=p.set,
-                slot=p.slot,
-                values=p.values,
-            )
-            buf = np.frombuffer(data, np.uint8)[None, :].copy()
-            n_send = op.receive(buf, np.array([len(data)], np.int32), np.ones(1, np.uint8), 1, 0.0)
-            pkts += [bytes(q) for q in op.packets(n_send)]
+            pkts += [bytes(q) for q in op.packets(_answer(op, p, 0.0))]
         assert op.done
     assert sets == [(0, 0), (1, 0), (0, 1), (0, 0), (0, 1), (1, 1)]
 
@@ -118,20 +122,6 @@ def test_results_with_wrong_set_tsi_job_or_source_are_ignored():
         op.receive(buf, np.array([len(data)], np.int32), np.array([ok], np.uint8), 1, 0.0)
         assert not op.done
     assert op.counters[1] == 4  # ignored
-
-
-def _answer(op, pkt, now):
-    """Feed the switch's result for ``pkt`` (one worker: the sum is the packet)."""
-    data = wire.encode(
-        size_code=0,
-        job_number=pkt.job_number,
-        tsi=pkt.tsi,
-        set=pkt.set,
-        slot=pkt.slot,
-        values=pkt.values,
-    )
-    buf = np.frombuffer(data, np.uint8)[None, :].copy()
-    return op.receive(buf, np.array([len(data)], np.int32), np.ones(1, np.uint8), 1, now)
 
 
 def test_duplicate_result_marks_the_timeout_spurious_and_raises_the_floor():
