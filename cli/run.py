@@ -58,8 +58,15 @@ from .terminal import SIZE, CLIError, terminal
     "--window",
     default=None,
     type=click.IntRange(1, 16384),
-    help="Slots in flight per worker (the job's pool size) [default: 128, fewer for large "
-    "packets: at most 512 KiB in flight].",
+    help="Slots in flight per worker (the job's pool size) [default: 512 KiB in flight, "
+    "at most 512 slots].",
+)
+@click.option(
+    "--shards",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 16),
+    help="Data-plane processes of the local emulator (switchml-emu serve --shards).",
 )
 @click.option(
     "--no-progress",
@@ -85,6 +92,7 @@ def run(
     iters,
     packet_size,
     window,
+    shards,
     no_progress,
     json_out,
     command,
@@ -97,6 +105,8 @@ def run(
 
     if control and not switch:
         raise CLIError("--control needs --switch (the data plane of the same switch)")
+    if switch and shards != 1:
+        raise CLIError("--shards sets up the local emulator; a given --switch has its own")
     if switch:
         try:
             host, _ = parse_address(switch, 48864)
@@ -117,9 +127,10 @@ def run(
     with contextlib.ExitStack() as stack:
         if not switch:
             terminal.info("starting a local emulator ...")
-            emu = stack.enter_context(EmulatorProcess())
+            emu = stack.enter_context(EmulatorProcess(shards=shards))
             switch, control = emu.switch, emu.control
-            terminal.info(f"emulator: data {switch}, control {control}")
+            shown = f"{switch} (+{shards - 1} shards on the next ports)" if shards > 1 else switch
+            terminal.info(f"emulator: data {shown}, control {control}")
         results, failed = _launch(
             workers, switch, control, packet_size, window, no_progress, size, dtype, iters, command
         )

@@ -128,6 +128,10 @@ def test_run_bad_options_are_one_line():
     assert p.returncode == 1 and "port" in one_line_error(p)
     p = run([*SWITCHML, "run", "--workers", "2", "--size", "6"], timeout=60)
     assert p.returncode == 1 and "4-byte" in one_line_error(p)
+    p = run([*SWITCHML, "run", "-n", "2", "--switch", "127.0.0.1:9", "--shards", "2"], timeout=60)
+    assert p.returncode == 1 and "--shards" in one_line_error(p)
+    p = run([*SWITCHML, "run", "--workers", "2", "--shards", "17"], timeout=60)
+    assert p.returncode == 2 and "--shards" in one_line_error(p)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "int32"])
@@ -153,6 +157,17 @@ def test_run_with_embedded_emulator_verifies_results(tmp_path, dtype):
     assert "verified 2 results" in p.stderr and "goodput" in p.stdout
     data = json.loads(out.read_text())
     assert len(data["iters"]) == 2 and all(i["ok"] for i in data["iters"])
+
+
+def test_run_with_a_sharded_emulator(tmp_path):
+    """--shards 2: the local emulator serves two data ports; the workers spread
+    their slots over both and the results verify."""
+    out = tmp_path / "run.json"
+    argv = [*SWITCHML, "run", "-n", "2", "--shards", "2", "--size", "1Mi", "--iters", "2"]
+    p = run([*argv, "--dtype", "int32", "--json", str(out)])
+    assert p.returncode == 0, p.stderr
+    assert "+1 shards on the next ports" in p.stderr and "verified 2 results" in p.stderr
+    assert all(i["ok"] for i in json.loads(out.read_text())["iters"])
 
 
 def test_run_command_mode_sets_the_environment(tmp_path):
