@@ -933,7 +933,8 @@ class LoopbackTiming:
     ``timeout`` first and as a floor, then ``srtt + 4·rttvar`` (RFC 6298, no
     samples from retransmitted packets), doubled every ``backoff_after``
     consecutive timeouts of a slot, up to ``max_timeout``; a duplicate result
-    doubles the floor (at most once per timeout), which decays back slowly."""
+    raises the floor to twice the timeout in use (at most once per timeout),
+    which decays back slowly."""
 
     timeout: float = 0.02
     backoff_after: int = 3

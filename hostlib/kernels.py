@@ -159,8 +159,9 @@ def _spurious(rtt, now, rto0, rto_max):
     packet whose result had arrived, so the timer fired although nothing was
     lost (TCP's D-SACK signal, RFC 3708). On a link whose queue holds about a
     timeout's worth of packets this repeats every window and the resends
-    lengthen the queue further; so the floor doubles, at most once per timeout
-    (one timer event gives a burst of duplicates), and decays again slowly."""
+    lengthen the queue further; so the floor becomes twice the timeout in use,
+    at most once per timeout (one timer event gives a burst of duplicates), and
+    decays again slowly."""
     if now - rtt[R_RAISED] >= rto0:
         rtt[R_FLOOR] = min(2.0 * rto0, rto_max)
         rtt[R_RAISED] = now

@@ -48,9 +48,10 @@ class Timing:
     with the emulator does not resend results that are merely late. The learned
     timeout carries over to the next call's first window. A duplicate result
     (the switch answered a resend of a packet whose result had come) proves a
-    timeout spurious and doubles the floor, at most once per timeout; the
-    raised floor decays back towards ``timeout`` over about 8000 samples. A slot that
-    times out ``backoff_after`` times in a row doubles its timeout, up to
+    timeout spurious and raises the floor to twice the timeout in use, at most
+    once per timeout; the raised floor decays back towards ``timeout`` over
+    about 8000 samples. A slot that times out ``backoff_after`` times in a row
+    doubles its timeout, up to
     ``max_timeout``. An allreduce fails when no result at all arrived for
     ``no_progress``. (p4app-switchML: fixed 10 ms, doubling after 100 timeouts.)
 
