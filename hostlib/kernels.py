@@ -58,40 +58,45 @@ def _chunk_exponents(x, nvals, out):
 
     Works on the bit patterns: with the sign bit cleared, the order of float32
     values is the order of their int32 patterns, and NaN/Inf are the patterns
-    from 0x7F800000 up. So the chunk's maximum is an integer max reduction,
-    which LLVM vectorizes (a float max with NaN checks it does not)."""
+    from 0x7F800000 up. So the chunk's maximum is an integer max reduction over
+    the chunk's own slice, which LLVM vectorizes (a float max with NaN checks it
+    does not), and the exponent comes from the maximum's bits."""
     n = x.shape[0]
     bits = x.view(np.int32)
     nchunks = out.shape[0]
     status = 0
     for c in range(nchunks):
         lo = c * nvals
-        hi = min(lo + nvals, n)
+        b = bits[lo : min(lo + nvals, n)]
         m = np.int32(0)
-        for i in range(lo, hi):
-            a = bits[i] & np.int32(0x7FFFFFFF)
+        for i in range(b.shape[0]):
+            a = b[i] & np.int32(0x7FFFFFFF)
             m = a if a > m else m
         if m >= np.int32(0x7F800000):  # NaN or Inf
             return 1
         if m == 0:
             out[c] = EXP_NONE
-        else:
-            _, e = math.frexp(np.float64(_f32_of_bits(m)))
-            if e > 127:
-                status = 2
-                e = 127
-            if e < -128:
-                e = -128
-            out[c] = e
+            continue
+        e = _frexp_exponent(m)
+        if e > 127:
+            status = 2
+            e = 127
+        out[c] = max(e, -128)
     return status
 
 
-@njit(cache=True, nogil=True)
-def _f32_of_bits(m):
-    """The float32 whose bit pattern is the int32 ``m``."""
-    a = np.empty(1, np.int32)
-    a[0] = m
-    return a.view(np.float32)[0]
+@njit(cache=True, nogil=True, inline="always")
+def _frexp_exponent(m):
+    """``math.frexp(v)[1]`` of the positive float32 v whose bit pattern is ``m``:
+    a normal number 1.f * 2^(E-127) is 0.1f * 2^(E-126); a subnormal m * 2^-149
+    has the exponent bit_length(m) - 149."""
+    if m >= np.int32(0x00800000):
+        return np.int64((m >> 23) & 0xFF) - 126
+    e = np.int64(-149)
+    while m:
+        m >>= 1
+        e += 1
+    return e
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -134,7 +139,9 @@ def _fill_data(row, xi, xf, is_float, chunk, nvals, shared_exp, num_workers, lim
             q = np.rint(np.float64(xf[i]) * scale)
             # rounding can step past (2^31-1)/W by < 1; clamp so W terms never overflow
             q = min(max(q, -limit), limit)
-            p[i - lo] = _bswap32(np.uint32(np.int64(q) & 0xFFFFFFFF))
+            # float64 -> int32 (q is in range): AVX2 converts four at a time, it
+            # has no packed float64 -> int64 conversion (that loop ran scalar)
+            p[i - lo] = _bswap32(np.uint32(np.int32(q)))
     else:
         for i in range(lo, hi):
             p[i - lo] = _bswap32(np.uint32(np.int64(xi[i]) & 0xFFFFFFFF))
@@ -420,13 +427,17 @@ def _on_results(
             lo = c * nvals
             hi = min(lo + nvals, n_total)
             p = _payload(row, nvals)
+            # the output chunk as its own slice: the loops index both sides alike
+            # and vectorize (with ``of[i]``/``p[i - lo]`` they took twice as long)
             if is_float:
                 inv = 1.0 / _scale(shared_exp[c], num_workers)
-                for i in range(lo, hi):
-                    of[i] = np.float32(np.float64(np.int32(_bswap32(p[i - lo]))) * inv)
+                o = of[lo:hi]
+                for i in range(hi - lo):
+                    o[i] = np.float32(np.float64(np.int32(_bswap32(p[i]))) * inv)
             else:
-                for i in range(lo, hi):
-                    oi[i] = np.int32(_bswap32(p[i - lo]))
+                o = oi[lo:hi]
+                for i in range(hi - lo):
+                    o[i] = np.int32(_bswap32(p[i]))
             if is_float and c + nslots < nchunks:
                 shared_exp[c + nslots] = e0
         if _advance(

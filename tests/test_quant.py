@@ -33,6 +33,19 @@ def test_chunk_exponents_match_numpy_twin(nvals):
             assert 2.0 ** int(e) > m and (m >= 2.0 ** (int(e) - 1) or e == -128)
 
 
+def test_exponents_from_bits_equal_frexp_over_the_whole_float32_range():
+    """The kernel reads the exponent off the maximum's bits; every binade (the
+    subnormal ones too) at its bottom, middle and top gives frexp's answer."""
+    k = np.arange(-149, 127)
+    low = (2.0**k).astype(np.float32)
+    top = np.nextafter((2.0 ** (k + 1)).astype(np.float32), np.float32(0))
+    v = np.concatenate([low, (1.5 * 2.0**k).astype(np.float32), top])
+    v = v[v > 0]
+    status, got = kernel_exponents(v, 1)
+    assert status == 0
+    np.testing.assert_array_equal(got, np.maximum(np.frexp(v.astype(np.float64))[1], -128))
+
+
 def test_exponent_edge_cases():
     assert kernel_exponents(np.array([np.nan], np.float32), 4)[0] == 1
     assert kernel_exponents(np.array([0, -np.inf], np.float32), 4)[0] == 1
