@@ -227,6 +227,8 @@ def _start(
     rows,
     xi,
     xf,
+    oi,
+    of,
     is_float,
     nchunks,
     nvals,
@@ -242,15 +244,21 @@ def _start(
     tries,
     my_exp,
     shared_exp,
-    rto0,
+    rto_min,
+    rto_max,
+    rtt,
     limit,
     send,
+    counters,
     quiet,
     waiting,
     guard,
 ):
     """Build the first packet of every slot in use; return how many to send now
-    (slots still quiet after their last transmission wait for the timer)."""
+    (slots still quiet after their last transmission wait for the timer). Takes
+    the arguments of :func:`_on_results`; the first packets' timeout is the one
+    learned so far (:func:`_timeout`)."""
+    rto0 = _timeout(rtt, rto_min, rto_max)
     used = min(nslots, nchunks)
     n_send = 0
     for s in range(used):

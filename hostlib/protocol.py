@@ -181,35 +181,11 @@ class Allreduce:
         (float32). Each accepted result advances its slot once, so the count decides."""
         return self.nchunks == 0 or int(self.counters[K.K_RESULTS]) == self.expected_results
 
-    def _args(self) -> tuple:
-        p = self.proto
-        return (
-            p.rows,
-            self.xi,
-            self.xf,
-            self.is_float,
-            self.nchunks,
-            p.nvals,
-            p.window,
-            p.num_workers,
-            int(p.size_code),
-            self.job_number,
-            self.chunk,
-            self.cur_set,
-            p.next_set,
-            self.deadline,
-            self.rto,
-            self.tries,
-            self.my_exp,
-            self.shared_exp,
-            float(K._timeout(p.rtt, p.timing.timeout, p.timing.max_timeout)),
-            self.limit,
-        )
-
     @property
     def result_args(self) -> tuple:
-        """The arguments of :func:`hostlib.kernels._on_results` after ``now``
-        (built once per call: the compiled I/O loop of the client takes them too)."""
+        """The arguments of :func:`hostlib.kernels._on_results` (and ``_start``)
+        after ``now`` (built once per call: the compiled I/O loop of the client
+        takes them too)."""
         if self._rargs is None:
             p = self.proto
             t = p.timing
@@ -250,14 +226,7 @@ class Allreduce:
         """Build the first window; return the count of slots in :attr:`send` to send."""
         if self.nchunks == 0:
             return 0
-        n = K._start(
-            now,
-            *self._args(),
-            self.send,
-            self.proto.quiet,
-            self.waiting,
-            self.proto.timing.reorder_guard,
-        )
+        n = K._start(now, *self.result_args)
         self._started = True
         self.counters[K.K_SENT] += n
         return n

@@ -44,7 +44,7 @@ from .engine import Batch, EngineConfig, SwitchEngine, warmup
 from .metrics import MetricsServer
 from .pcap import DEFAULT_MAX_BYTES, DEFAULT_MAX_PACKETS, PcapWriter
 from .stats import EmulatorControlService, FaultHandler, add_to_server
-from .wire import DEFAULT_CONTROL_PORT, DEFAULT_UDP_PORT
+from .wire import DEFAULT_CONTROL_PORT, DEFAULT_SWITCH_MAC, DEFAULT_UDP_PORT
 
 log = logging.getLogger("swemu.server")
 
@@ -160,7 +160,7 @@ class Emulator:
         control_port: int = DEFAULT_CONTROL_PORT,
         config: EngineConfig | None = None,
         advertise_ip: str | None = None,
-        switch_mac: int = 0x02_00_5E_BE_E0_00,
+        switch_mac: int = DEFAULT_SWITCH_MAC,
         metrics_port: int | None = None,
         metrics_host: str | None = None,
         pcap: str | os.PathLike[str] | None = None,

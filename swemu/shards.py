@@ -74,7 +74,7 @@ from .controller import (
     emulator_room,
     table_state,
 )
-from .wire import DEFAULT_CONTROL_PORT, DEFAULT_UDP_PORT
+from .wire import DEFAULT_CONTROL_PORT, DEFAULT_SWITCH_MAC, DEFAULT_UDP_PORT
 
 if TYPE_CHECKING:
     from .engine import EngineConfig
@@ -593,7 +593,7 @@ class ShardedEmulator:
         control_port: int = DEFAULT_CONTROL_PORT,
         config: EngineConfig | None = None,
         advertise_ip: str | None = None,
-        switch_mac: int = 0x02_00_5E_BE_E0_00,
+        switch_mac: int = DEFAULT_SWITCH_MAC,
         metrics_port: int | None = None,
         metrics_host: str | None = None,
         faults: FaultConfig | None = None,

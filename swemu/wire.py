@@ -35,6 +35,7 @@ UDP_PORT_BASE = 0xBEE0  # the switch matches port & 0xFFF0 == 0xBEE0
 UDP_PORT_MASK = 0xFFF0
 DEFAULT_UDP_PORT = UDP_PORT_BASE
 DEFAULT_CONTROL_PORT = 50099
+DEFAULT_SWITCH_MAC = 0x02_00_5E_BE_E0_00  # the emulator's MAC unless told (locally administered)
 EXP_NONE = -128  # the exponent of an all-zero chunk (and "no next chunk")
 EXP_TSI_BASE = 1 << 31  # tsi of exponent-only packets (PROTOCOL.md §4)
 
