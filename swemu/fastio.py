@@ -407,7 +407,13 @@ def recv_rows(
         if gso[i] > 0 and gso[i] < seg:
             seg = gso[i]
         keep = min(seg, row_len)
-        buf[r, :keep] = land[i, off : off + keep]
+        # a loop over two views indexed alike, which LLVM turns into wide copies:
+        # Numba's slice assignment ran element by element (27 vs 2.8 ms per 64 MiB),
+        # and indexing ``land`` at ``off + b`` (int32) was slower still
+        dst = buf[r, :keep]
+        src = land[i, off : off + keep]
+        for b in range(keep):
+            dst[b] = src[b]
         lens[r] = keep
         ip[r] = mip[i]
         port[r] = mport[i]
