@@ -128,24 +128,30 @@ def _payload(row, nvals):
 
 @njit(cache=True, nogil=True)
 def _fill_data(row, xi, xf, is_float, chunk, nvals, shared_exp, num_workers, limit):
-    """Quantize chunk ``chunk`` into the payload of ``row`` (zero-padded)."""
+    """Quantize chunk ``chunk`` into the payload of ``row`` (zero-padded).
+
+    The loops run over the chunk's own slice, indexed like the payload: with
+    ``xf[i]``/``p[i - lo]`` they took 16 ms per 64 MiB instead of 11."""
     n = xf.shape[0] if is_float else xi.shape[0]
     lo = chunk * nvals
     hi = min(lo + nvals, n)
+    m = hi - lo
     p = _payload(row, nvals)
     if is_float:
         scale = _scale(shared_exp[chunk], num_workers)
-        for i in range(lo, hi):
-            q = np.rint(np.float64(xf[i]) * scale)
+        xs = xf[lo:hi]
+        for i in range(m):
+            q = np.rint(np.float64(xs[i]) * scale)
             # rounding can step past (2^31-1)/W by < 1; clamp so W terms never overflow
             q = min(max(q, -limit), limit)
             # float64 -> int32 (q is in range): AVX2 converts four at a time, it
             # has no packed float64 -> int64 conversion (that loop ran scalar)
-            p[i - lo] = _bswap32(np.uint32(np.int32(q)))
+            p[i] = _bswap32(np.uint32(np.int32(q)))
     else:
-        for i in range(lo, hi):
-            p[i - lo] = _bswap32(np.uint32(np.int64(xi[i]) & 0xFFFFFFFF))
-    for i in range(hi - lo, nvals):
+        xs = xi[lo:hi]
+        for i in range(m):
+            p[i] = _bswap32(np.uint32(np.int64(xs[i]) & 0xFFFFFFFF))
+    for i in range(m, nvals):
         p[i] = 0
 
 
