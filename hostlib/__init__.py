@@ -84,8 +84,16 @@ class Context:
         return self
 
     def allreduce(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """Sum ``x`` over all workers; a new array, or ``out`` (may be ``x``)."""
-        return self._loop.run_until_complete(self._actx.allreduce(x, out))
+        """Sum ``x`` over all workers; a new array, or ``out`` (may be ``x``).
+
+        On the compiled fast path the call waits in compiled code
+        (:meth:`AsyncContext.allreduce_blocking`), not in the event loop."""
+        actx = self._actx
+        if actx.protocol is None:
+            self.open()
+        if actx.can_block:
+            return actx.allreduce_blocking(x, out)
+        return self._loop.run_until_complete(actx.allreduce(x, out))
 
     def close(self) -> None:
         """Leave the job and free the socket and the loop."""

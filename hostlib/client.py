@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -220,17 +221,65 @@ class AsyncContext:
                 self._timer = None
         return result
 
+    @property
+    def can_block(self) -> bool:
+        """Whether :meth:`allreduce_blocking` may be used: an open context on the
+        compiled fast path (``SWITCHML_POLL=0`` turns the compiled wait off)."""
+        return self.fast and self._sock is not None and os.environ.get("SWITCHML_POLL", "1") != "0"
+
+    def allreduce_blocking(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """:meth:`allreduce` for blocking callers (:class:`hostlib.Context`), with
+        the waiting done in compiled code (:func:`hostlib.fastpath.wait_and_pump`)
+        instead of the event loop: the same packets, timers and errors, without
+        the interpreter's work per socket wakeup. Needs :attr:`can_block`; the
+        context's event loop must not be running."""
+        if self._op is not None:
+            raise RuntimeError("one allreduce at a time per context")
+        result = np.empty_like(x) if out is None else out
+        now = time.monotonic()
+        op = self.protocol.allreduce(x, result, now)
+        if op.done:
+            return result
+        fd = self._sock.fileno()
+        io = self._io
+        self.stale += io.discard(fd)  # what arrived between calls, as the reader would
+        state = np.array([now, now, 0.0])
+        no_progress = self.protocol.timing.no_progress
+        self._op = op
+        try:
+            self._send(op, op.initial(now))
+            args = op.result_args
+            while True:
+                status = io.wait(fd, state, op.expected_results, no_progress, args)
+                op.last_progress = float(state[fastpath.W_PROGRESS])
+                if status == fastpath.RUN_DONE:
+                    break
+                if self._sock is None:
+                    raise SwitchMLError("the SwitchML context was closed during an allreduce")
+                if status == fastpath.RUN_TIMER:
+                    now = float(state[fastpath.W_NOW])
+                    op.check(now, where=f"the switch at {self.switch_address}")
+                    self._send(op, op.handle_timer(now))
+        finally:
+            self._wakeups = int(state[fastpath.W_WAKEUPS])
+            self._record_stats(op)
+            self._op = None
+        return result
+
+    def _record_stats(self, op: Allreduce) -> None:
+        self.last_stats = {
+            "results": int(op.counters[K.K_RESULTS]),
+            "ignored": int(op.counters[K.K_IGNORED]),
+            "retransmissions": int(op.counters[K.K_RETRANSMISSIONS]),
+            "sent": int(op.counters[K.K_SENT]),
+            "spurious": int(op.counters[K.K_SPURIOUS]),
+            "wakeups": self._wakeups,
+        }
+
     def _finish(self, exc: BaseException | None = None) -> None:
         op = self._op
         if op is not None:
-            self.last_stats = {
-                "results": int(op.counters[K.K_RESULTS]),
-                "ignored": int(op.counters[K.K_IGNORED]),
-                "retransmissions": int(op.counters[K.K_RETRANSMISSIONS]),
-                "sent": int(op.counters[K.K_SENT]),
-                "spurious": int(op.counters[K.K_SPURIOUS]),
-                "wakeups": self._wakeups,
-            }
+            self._record_stats(op)
         if self._done is not None and not self._done.done():
             if exc is None:
                 self._done.set_result(None)

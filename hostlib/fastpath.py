@@ -14,11 +14,12 @@ types a tuple of arrays from Python far more slowly than the arrays themselves.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 
 import numpy as np
-from numba import njit
+from numba import njit, types
 
 from swemu import fastio
 
@@ -229,6 +230,211 @@ def pump(
             return total
 
 
+# -------------------------------------------------------- blocking wait loop
+# libc's poll and clock_gettime, declared like fastio's recvmmsg (cached code)
+c_poll = types.ExternalFunction("poll", types.intc(types.intp, types.uintp, types.intc))
+c_clock_gettime = types.ExternalFunction("clock_gettime", types.intc(types.intc, types.intp))
+CLOCK_MONOTONIC = 1  # the clock of time.monotonic() (and of the event loops)
+POLLIN = 1
+POLLNVAL = 0x20
+SLICE_MS = 100  # the longest wait without a return to Python (signals, Ctrl-C)
+
+RUN_DONE = 0  # every result is in
+RUN_TIMER = 1  # a retransmission deadline or the no-progress limit is due
+RUN_RETURN = 2  # a wait slice ended, or a signal interrupted the wait
+
+# wait state (a float64 array shared with Python)
+W_NOW = 0  # the clock when the loop returned
+W_PROGRESS = 1  # when a result last arrived (Allreduce.last_progress)
+W_WAKEUPS = 2  # socket reads
+N_WAIT = 3
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _monotonic(ts):
+    c_clock_gettime(CLOCK_MONOTONIC, ts.ctypes.data)
+    return np.float64(ts[0]) + np.float64(ts[1]) * 1e-9
+
+
+@njit(cache=True, nogil=True)
+def wait_and_pump(
+    fd,
+    state,
+    pollfd,
+    ts,
+    expected,
+    no_progress,
+    rx_hdr,
+    rx_hdr_ptr,
+    cap,
+    lens,
+    src_ip,
+    src_port,
+    rx_names,
+    ok,
+    switch_ip,
+    gro,
+    g_hdr,
+    g_hdr_ptr,
+    g_names,
+    g_cmsg,
+    g_cmsg_ptr,
+    g_land,
+    g_mlens,
+    g_gso,
+    g_mip,
+    g_mport,
+    g_cursor,
+    tx_hdr,
+    tx_hdr_ptr,
+    tx_iov,
+    tx_names,
+    slot_ptr,
+    slot_len,
+    slot_ip,
+    slot_port,
+    ports,
+    seg_max,
+    buf,
+    rows,
+    xi,
+    xf,
+    oi,
+    of,
+    is_float,
+    nchunks,
+    nvals,
+    nslots,
+    num_workers,
+    code,
+    job_number,
+    chunk,
+    cur_set,
+    next_set,
+    deadline,
+    rto,
+    tries,
+    my_exp,
+    shared_exp,
+    rto_min,
+    rto_max,
+    rtt,
+    limit,
+    send,
+    counters,
+    quiet,
+    waiting,
+    guard,
+):
+    """Run an allreduce to the next event that needs Python: wait for the
+    socket with ``poll`` and :func:`pump` it, until every result is in
+    (``RUN_DONE``), a retransmission deadline or the no-progress limit is due
+    (``RUN_TIMER``: the caller runs the timer path), or a wait slice of
+    ``SLICE_MS`` ended or a signal interrupted it (``RUN_RETURN``).
+
+    This is the blocking API's loop (``Context.allreduce``): the event loop's
+    readiness callback cost ~60 µs of interpreter work per wakeup (the
+    dispatcher unboxing :func:`pump`'s arguments), a fifth of a worker's CPU.
+    Called with the GIL released (``nogil``), so other threads run meanwhile.
+    ``state`` holds ``W_*``; ``pollfd`` is one ``struct pollfd`` as int32[2],
+    ``ts`` a ``struct timespec`` as int64[2]."""
+    pollfd[0] = fd
+    while True:
+        now = _monotonic(ts)
+        state[W_NOW] = now
+        if counters[K.K_RESULTS] >= expected:
+            return RUN_DONE
+        due = min(K._next_deadline(chunk, deadline), state[W_PROGRESS] + no_progress)
+        if now < due:
+            wait = min(math.ceil((due - now) * 1000.0), SLICE_MS)
+            pollfd[1] = POLLIN
+            r = c_poll(pollfd.ctypes.data, 1, wait)
+            if r < 0 or (r == 0 and wait == SLICE_MS):  # EINTR, or a slice is over
+                state[W_NOW] = _monotonic(ts)
+                return RUN_RETURN
+            if r == 0:
+                continue
+            if (pollfd[1] >> 16) & POLLNVAL:  # the socket was closed meanwhile
+                state[W_NOW] = _monotonic(ts)
+                return RUN_RETURN
+            now = _monotonic(ts)
+        # readable, or a deadline is due: read first (results may be waiting
+        # after this process was descheduled; resending their packets is spurious)
+        before = counters[K.K_RESULTS]
+        got = pump(
+            now,
+            fd,
+            rx_hdr,
+            rx_hdr_ptr,
+            cap,
+            lens,
+            src_ip,
+            src_port,
+            rx_names,
+            ok,
+            switch_ip,
+            gro,
+            g_hdr,
+            g_hdr_ptr,
+            g_names,
+            g_cmsg,
+            g_cmsg_ptr,
+            g_land,
+            g_mlens,
+            g_gso,
+            g_mip,
+            g_mport,
+            g_cursor,
+            tx_hdr,
+            tx_hdr_ptr,
+            tx_iov,
+            tx_names,
+            slot_ptr,
+            slot_len,
+            slot_ip,
+            slot_port,
+            ports,
+            seg_max,
+            buf,
+            rows,
+            xi,
+            xf,
+            oi,
+            of,
+            is_float,
+            nchunks,
+            nvals,
+            nslots,
+            num_workers,
+            code,
+            job_number,
+            chunk,
+            cur_set,
+            next_set,
+            deadline,
+            rto,
+            tries,
+            my_exp,
+            shared_exp,
+            rto_min,
+            rto_max,
+            rtt,
+            limit,
+            send,
+            counters,
+            quiet,
+            waiting,
+            guard,
+        )
+        if got > 0:
+            state[W_WAKEUPS] += 1
+        if counters[K.K_RESULTS] != before:
+            state[W_PROGRESS] = now
+        elif got == 0 and now >= due:
+            state[W_NOW] = now
+            return RUN_TIMER
+
+
 class FastIO:
     """The preallocated message vectors of one worker socket and the argument
     groups of :func:`pump` and :func:`send_slots`, built once per membership.
@@ -276,6 +482,8 @@ class FastIO:
         self.gro_args = (bool(gro), *self.gro.args())  # the tail of fastio.receive's
         self.rx_args += self.gro_args
         self.tx_args = (tx.hdr, tx.hdr_ptr, tx.iov, tx.names)
+        self.pollfd = np.zeros(2, np.int32)  # struct pollfd {int fd; short events, revents}
+        self.ts = np.zeros(2, np.int64)  # struct timespec
         self.slot_args = (
             rows.ctypes.data + rows.strides[0] * np.arange(k, dtype=np.int64),
             np.full(k, rows.shape[1], np.int64),
@@ -289,6 +497,14 @@ class FastIO:
         """:func:`pump` for an allreduce whose ``Allreduce.result_args`` are given."""
         args = (*self.rx_args, *self.tx_args, *self.slot_args, self.batch, *result_args)
         return pump(now, fd, *args)
+
+    def wait(
+        self, fd: int, state: np.ndarray, expected: int, no_progress: float, result_args: tuple
+    ) -> int:
+        """:func:`wait_and_pump` for an allreduce whose ``Allreduce.result_args``
+        are given; returns its ``RUN_*`` status."""
+        args = (*self.rx_args, *self.tx_args, *self.slot_args, self.batch, *result_args)
+        return wait_and_pump(fd, state, self.pollfd, self.ts, expected, no_progress, *args)
 
     def send(self, fd: int, send: np.ndarray, n: int) -> int:
         """Send the packets of the first ``n`` slots in ``send``."""
@@ -343,9 +559,9 @@ def enable_gso(sock: socket.socket, packet_len: int, switch_ip: str) -> int:
 
 
 def warmup() -> None:
-    """Compile (or load from the cache) :func:`pump` and :func:`send_slots` for
-    both dtypes, on an unbound socket that never has data, so that no allreduce
-    waits for the compiler."""
+    """Compile (or load from the cache) :func:`pump`, :func:`wait_and_pump` and
+    :func:`send_slots` for both dtypes, on an unbound socket that never has
+    data, so that no allreduce waits for the compiler."""
     from .protocol import WorkerProtocol
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -365,6 +581,8 @@ def warmup() -> None:
                 True,
             )
             io.pump(sock.fileno(), 0.0, op.result_args)
+            state = np.zeros(N_WAIT)
+            io.wait(sock.fileno(), state, 0, 1.0, op.result_args)  # returns at once: done
             io.send(sock.fileno(), op.send, 0)
             io.discard(sock.fileno())
     finally:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import threading
 import time
 
 import numpy as np
@@ -181,3 +185,76 @@ def test_mac_of_a_local_address():
             if "inet" in out:
                 ip = out[out.index("inet") + 1].split("/")[0]
                 assert mac_of_ipv4(ip) == int(mac.replace(":", ""), 16)
+
+
+def _two_threads(emulator, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Allreduce ``inputs`` (one per rank) with one blocking context per thread."""
+    out: list = [None] * len(inputs)
+
+    def worker(rank: int) -> None:
+        with hostlib.connect(
+            emulator.switch,
+            emulator.control,
+            rank=rank,
+            world_size=len(inputs),
+            packet_size=3,
+            session_id=4242,
+        ) as c:
+            out[rank] = (c.allreduce(inputs[rank]), c._actx.can_block, c.last_stats)
+
+    threads = [threading.Thread(target=worker, args=(r,)) for r in range(len(inputs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(o is not None for o in out), "a worker thread did not finish"
+    return out
+
+
+def test_blocking_wait_and_event_loop_give_the_same_bytes(emulator, monkeypatch):
+    # Context.allreduce waits in compiled code (poll + pump, GIL released, so two
+    # contexts in two threads of one process make progress together); with
+    # SWITCHML_POLL=0 it runs the event loop instead. Same packets, same results.
+    n, nv = 100_003, 256
+    ints = [rank_input(r, n, 0, np.int32) for r in range(2)]
+    floats = [rank_input(r, n, 1, np.float32) for r in range(2)]
+    got = {}
+    for poll in ("1", "0"):
+        monkeypatch.setenv("SWITCHML_POLL", poll)
+        got[poll] = (_two_threads(emulator, ints), _two_threads(emulator, floats))
+        for y, blocking, stats in got[poll][0]:
+            np.testing.assert_array_equal(y, expected(2, n, 0))
+            assert blocking == (poll == "1")
+            assert stats["results"] == (n + nv - 1) // nv and stats["wakeups"] > 0
+    floats_out = [y for poll in got for y, _, _ in got[poll][1]]
+    assert all(y.tobytes() == floats_out[0].tobytes() for y in floats_out)
+    exact = floats[0].astype(np.float64) + floats[1]
+    m = np.maximum(np.abs(floats[0]), np.abs(floats[1]))
+    bound = np.repeat(error_bound(np.maximum.reduceat(m, np.arange(0, n, nv)), 2), nv)[:n]
+    assert np.all(np.abs(floats_out[0] - exact) <= bound)
+
+
+def test_ctrl_c_interrupts_a_blocked_allreduce(emulator):
+    # a worker waiting in compiled code for a switch that never answers still
+    # takes SIGINT at once (poll returns EINTR), not after no_progress (60 s)
+    code = (
+        "import sys, numpy as np, hostlib\n"
+        f"c = hostlib.connect(switch='127.0.0.1:9', control='{emulator.control}', no_progress=60)\n"
+        "c.open(); print('waiting', flush=True)\n"
+        "try:\n"
+        "    c.allreduce(np.ones(1000, np.int32))\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted', c._actx.can_block, flush=True); sys.exit(3)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline().strip() == "waiting"
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 3, err
+    assert out.strip() == "interrupted True"
