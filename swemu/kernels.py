@@ -23,6 +23,8 @@ import numba
 import numpy as np
 from numba import njit
 
+from .rawmem import words_at
+
 # --- per-packet actions: what the switch did with row r, and why -------------
 # (the §2 decision table; swemu.engine.Action mirrors these values)
 A_DROP_UNKNOWN_SOURCE = 0
@@ -182,6 +184,11 @@ def _process_batch(
     # atomic reference-count updates, which were ~9 % of the emulator's CPU
     # when done four times per packet
     cur_j = -1
+    # payload views by address (swemu.rawmem): no reference counting per packet
+    buf_addr = buf.ctypes.data
+    buf_stride = buf.strides[0]
+    out_addr = out_buf.ctypes.data
+    out_stride = out_buf.strides[0]
     for r in range(n):
         out_len[r] = 0
         out_job[r] = -1
@@ -275,7 +282,7 @@ def _process_batch(
         e0 = np.int8(buf[r, 8])
         e1 = np.int8(buf[r, 9])
         if not retrans:
-            words = buf[r, HEADER_LEN : HEADER_LEN + 4 * nvals].view(np.uint32)
+            words = words_at(buf_addr + r * buf_stride + HEADER_LEN, nvals)
             if before == 0:
                 _write_words(vals[base : base + nvals], words)
                 ex[2 * k] = e0
@@ -307,7 +314,7 @@ def _process_batch(
         out_buf[r, 8] = np.uint8(np.int64(ex[2 * k]) & 0xFF)
         out_buf[r, 9] = np.uint8(np.int64(ex[2 * k + 1]) & 0xFF)
         _write_words(
-            out_buf[r, HEADER_LEN : HEADER_LEN + 4 * nvals].view(np.uint32),
+            words_at(out_addr + r * out_stride + HEADER_LEN, nvals),
             vals[base : base + nvals],
         )
         out_len[r] = plen
