@@ -95,6 +95,7 @@ def pump(
     g_mip,
     g_mport,
     g_cursor,
+    g_addr,
     tx_hdr,
     tx_hdr_ptr,
     tx_iov,
@@ -106,6 +107,7 @@ def pump(
     ports,
     seg_max,
     buf,
+    buf_addr,
     rows,
     xi,
     xf,
@@ -162,6 +164,7 @@ def pump(
             g_mip,
             g_mport,
             g_cursor,
+            g_addr,
         )
         if n == 0:
             return total
@@ -173,8 +176,9 @@ def pump(
                     if src_port[r] == p:
                         good = 1
             ok[r] = good
+        addrs = g_addr if gro else buf_addr  # GRO: where the kernel landed them
         m = K._on_results(
-            buf,
+            addrs,
             lens,
             ok,
             n,
@@ -285,6 +289,7 @@ def wait_and_pump(
     g_mip,
     g_mport,
     g_cursor,
+    g_addr,
     tx_hdr,
     tx_hdr_ptr,
     tx_iov,
@@ -296,6 +301,7 @@ def wait_and_pump(
     ports,
     seg_max,
     buf,
+    buf_addr,
     rows,
     xi,
     xf,
@@ -385,6 +391,7 @@ def wait_and_pump(
             g_mip,
             g_mport,
             g_cursor,
+            g_addr,
             tx_hdr,
             tx_hdr_ptr,
             tx_iov,
@@ -396,6 +403,7 @@ def wait_and_pump(
             ports,
             seg_max,
             buf,
+            buf_addr,
             rows,
             xi,
             xf,
@@ -459,6 +467,8 @@ class FastIO:
         cap = batch.shape[0]
         k = rows.shape[0]
         self.batch = batch
+        row_addr = batch.ctypes.data + batch.strides[0] * np.arange(cap, dtype=np.int64)
+        self.batch_args = (batch, row_addr)
         self.cap = cap
         self.lens = lens
         self.rx = fastio.MsgVec(cap)
@@ -478,7 +488,7 @@ class FastIO:
             ok,
             int(switch_ip),
         )
-        self.gro = fastio.GroRx(16 if gro else 1)
+        self.gro = fastio.GroRx(16, cap) if gro else fastio.GroRx(1)  # GRO: zero copy
         self.gro_args = (bool(gro), *self.gro.args())  # the tail of fastio.receive's
         self.rx_args += self.gro_args
         self.tx_args = (tx.hdr, tx.hdr_ptr, tx.iov, tx.names)
@@ -495,7 +505,7 @@ class FastIO:
 
     def pump(self, fd: int, now: float, result_args: tuple) -> int:
         """:func:`pump` for an allreduce whose ``Allreduce.result_args`` are given."""
-        args = (*self.rx_args, *self.tx_args, *self.slot_args, self.batch, *result_args)
+        args = (*self.rx_args, *self.tx_args, *self.slot_args, *self.batch_args, *result_args)
         return pump(now, fd, *args)
 
     def wait(
@@ -503,7 +513,7 @@ class FastIO:
     ) -> int:
         """:func:`wait_and_pump` for an allreduce whose ``Allreduce.result_args``
         are given; returns its ``RUN_*`` status."""
-        args = (*self.rx_args, *self.tx_args, *self.slot_args, self.batch, *result_args)
+        args = (*self.rx_args, *self.tx_args, *self.slot_args, *self.batch_args, *result_args)
         return wait_and_pump(fd, state, self.pollfd, self.ts, expected, no_progress, *args)
 
     def send(self, fd: int, send: np.ndarray, n: int) -> int:

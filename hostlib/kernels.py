@@ -26,6 +26,7 @@ import numpy as np
 from numba import njit
 
 from swemu.kernels import _bswap32
+from swemu.rawmem import bytes_at, words_at
 
 HEADER_LEN = 10
 EXP_NONE = -128
@@ -105,7 +106,7 @@ def _scale(exp, num_workers):
     return INT32_MAX / (num_workers * math.ldexp(1.0, np.int64(exp)))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _write_header(row, code, job_number, tsi, set_, slot, e0):
     row[0] = np.uint8(0x10 | code)
     row[1] = np.uint8(job_number)
@@ -122,11 +123,12 @@ def _write_header(row, code, job_number, tsi, set_, slot, e0):
 @njit(cache=True, nogil=True, inline="always")
 def _payload(row, nvals):
     """The payload of a packet row as ``nvals`` big-endian words (a uint32 view;
-    unaligned, which x86 and arm64 load and store at full speed)."""
-    return row[HEADER_LEN : HEADER_LEN + 4 * nvals].view(np.uint32)
+    unaligned, which x86 and arm64 load and store at full speed; made by
+    :func:`swemu.rawmem.words_at`, without reference counting)."""
+    return words_at(row.ctypes.data + HEADER_LEN, nvals)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _fill_data(row, xi, xf, is_float, chunk, nvals, shared_exp, num_workers, limit):
     """Quantize chunk ``chunk`` into the payload of ``row`` (zero-padded).
 
@@ -180,7 +182,7 @@ def _spurious(rtt, now, rto0, rto_max):
         rtt[R_RAISED] = now
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _advance(
     s,
     now,
@@ -344,7 +346,7 @@ def _previous(s, c, nslots, is_float):
 
 @njit(cache=True, nogil=True)
 def _on_results(
-    buf,
+    addrs,
     lens,
     ok,
     n,
@@ -381,6 +383,8 @@ def _on_results(
 ):
     """Match a batch of received datagrams; store results, advance slots.
 
+    Datagram r is ``lens[r]`` bytes at address ``addrs[r]`` (a row of the
+    caller's batch, or where the kernel landed it: ``fastio.GroRx``, zero copy).
     ``ok[r]`` is 0 for datagrams that did not come from the switch. Returns the
     number of slots in ``send`` whose (new) packet must be sent. ``rtt`` holds
     the timer's learned state (``R_*``); a new packet's timeout is
@@ -392,8 +396,11 @@ def _on_results(
     rto0 = _timeout(rtt, rto_min, rto_max)
     n_total = of.shape[0] if is_float else oi.shape[0]
     for r in range(n):
-        row = buf[r]
-        if ok[r] == 0 or lens[r] != plen or row[0] != (0x10 | code) or row[1] != job_number:
+        if ok[r] == 0 or lens[r] != plen:
+            counters[K_IGNORED] += 1
+            continue
+        row = bytes_at(addrs[r], plen)
+        if row[0] != (0x10 | code) or row[1] != job_number:
             counters[K_IGNORED] += 1
             continue
         pi = (np.int64(row[6]) << 8) | np.int64(row[7])

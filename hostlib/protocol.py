@@ -235,7 +235,8 @@ class Allreduce:
         """Feed ``n`` received datagrams (rows of ``buf``); ``ok[r]`` says it came
         from the switch. Returns the count of slots in :attr:`send` to send."""
         before = self.counters[K.K_RESULTS]
-        m = K._on_results(buf, lens, ok, n, now, *self.result_args)
+        addrs = buf.ctypes.data + buf.strides[0] * np.arange(n, dtype=np.int64)
+        m = K._on_results(addrs, lens, ok, n, now, *self.result_args)
         if self.counters[K.K_RESULTS] != before:
             self.last_progress = now
         self.counters[K.K_SENT] += m

@@ -343,6 +343,7 @@ def _drain(
     g_mip,
     g_mport,
     g_cursor,
+    g_addr,
     tx_hdr,
     tx_ptr,
     tx_iov,
@@ -479,6 +480,7 @@ def _drain(
             g_mip,
             g_mport,
             g_cursor,
+            g_addr,
         )
         if n == 0:
             break
@@ -527,6 +529,7 @@ def _echo_drain(
     g_mip,
     g_mport,
     g_cursor,
+    g_addr,
     tx_hdr,
     tx_ptr,
     tx_iov,
@@ -572,6 +575,7 @@ def _echo_drain(
             g_mip,
             g_mport,
             g_cursor,
+            g_addr,
         )
         if n == 0:
             break

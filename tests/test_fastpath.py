@@ -7,6 +7,7 @@ see ordinary datagrams of the packet length."""
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import socket
 import time
 
@@ -193,11 +194,14 @@ def test_send_batch_gso_falls_back_where_the_mtu_forbids_segmentation():
     assert r.stdout.strip().endswith("ok")
 
 
-def test_recv_rows_cuts_coalesced_messages_back_into_the_datagrams():
+@pytest.mark.parametrize("zero_copy", [False, True])
+def test_recv_rows_cuts_coalesced_messages_back_into_the_datagrams(zero_copy):
     """With UDP_GRO on, runs of equal-size datagrams arrive coalesced; recv_rows
     must return every datagram as sent, in order, including empty ones and ones
     longer than a row (cut to the row, as recvmmsg would), across many calls
-    with few rows each."""
+    with few rows each; copied into the rows, or (zero copy, as the worker
+    uses it) as addresses in the landing area that stay valid until the next
+    call."""
     rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
@@ -215,7 +219,7 @@ def test_recv_rows_cuts_coalesced_messages_back_into_the_datagrams():
         seg = 64 if fastio.gso_available() else 1
         vec = (v.hdr, v.hdr_ptr, v.iov, v.names, v.cmsg, v.cmsg_ptr)
         assert fastio.send_batch_gso(tx.fileno(), *vec, n, ptr, lens, ips, ports, seg) == n
-        g = fastio.GroRx(8)
+        g = fastio.GroRx(8, 16 if zero_copy else 0)
         rows = np.zeros((16, 2049), np.uint8)
         rl, rip, rp = np.zeros(16, np.int32), np.zeros(16, np.uint32), np.zeros(16, np.int32)
         got, coalesced = [], 0
@@ -223,7 +227,11 @@ def test_recv_rows_cuts_coalesced_messages_back_into_the_datagrams():
         while len(got) < n and time.monotonic() < deadline:
             k = fastio.recv_rows(rx.fileno(), *g.args(), rows, rl, rip, rp, 16)
             coalesced += int((g.gso[: g.cursor[2]] > 0).sum()) if k else 0
-            got += [rows[i, : rl[i]].tobytes() for i in range(k)]
+            if zero_copy:
+                got += [ctypes.string_at(int(g.addr[i]), int(rl[i])) for i in range(k)]
+                assert not rows.any()  # nothing was copied
+            else:
+                got += [rows[i, : rl[i]].tobytes() for i in range(k)]
             assert (rip[:k] == 0x7F000001).all() and (rp[:k] == tx.getsockname()[1]).all()
         assert got == [buf[i, : min(lens[i], 2049)].tobytes() for i in range(n)]
         if gro and seg > 1:
