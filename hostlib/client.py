@@ -76,6 +76,8 @@ class AsyncContext:
         if fast is None:  # SWEMU_PORTABLE=1 forces the portable socket path
             fast = os.environ.get("SWEMU_PORTABLE", "") in ("", "0")
         self.fast = fast and fastio.AVAILABLE
+        # SWITCHML_POLL=0: blocking callers wait in the event loop, not in compiled code
+        self._poll = os.environ.get("SWITCHML_POLL", "1") != "0"
         self.membership: Membership | None = None
         self.protocol: WorkerProtocol | None = None
         self._sock: socket.socket | None = None
@@ -199,11 +201,8 @@ class AsyncContext:
     async def allreduce(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Sum ``x`` over all workers of the job; return the result (``out`` if given)."""
         await self.open()
-        if self._op is not None:
-            raise RuntimeError("one allreduce at a time per context")
         loop = self._loop
-        result = np.empty_like(x) if out is None else out
-        op = self.protocol.allreduce(x, result, loop.time())
+        op, result = self._begin(x, out, loop.time())
         if op.done:
             return result
         self._wakeups = 0
@@ -221,11 +220,26 @@ class AsyncContext:
                 self._timer = None
         return result
 
+    def _begin(
+        self, x: np.ndarray, out: np.ndarray | None, now: float
+    ) -> tuple[Allreduce, np.ndarray]:
+        """Validate and start one call (both APIs): its state and its result array."""
+        if self._op is not None:
+            raise RuntimeError("one allreduce at a time per context")
+        result = np.empty_like(x) if out is None else out
+        return self.protocol.allreduce(x, result, now), result
+
+    def _retransmit(self, op: Allreduce, now: float) -> None:
+        """The timer step (both APIs): raise :class:`NoProgressError` if nothing
+        came back for too long, else resend the packets whose deadline passed."""
+        op.check(now, where=f"the switch at {self.switch_address}")
+        self._send(op, op.handle_timer(now))
+
     @property
     def can_block(self) -> bool:
         """Whether :meth:`allreduce_blocking` may be used: an open context on the
         compiled fast path (``SWITCHML_POLL=0`` turns the compiled wait off)."""
-        return self.fast and self._sock is not None and os.environ.get("SWITCHML_POLL", "1") != "0"
+        return self.fast and self._poll and self._sock is not None
 
     def allreduce_blocking(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """:meth:`allreduce` for blocking callers (:class:`hostlib.Context`), with
@@ -233,17 +247,15 @@ class AsyncContext:
         instead of the event loop: the same packets, timers and errors, without
         the interpreter's work per socket wakeup. Needs :attr:`can_block`; the
         context's event loop must not be running."""
-        if self._op is not None:
-            raise RuntimeError("one allreduce at a time per context")
-        result = np.empty_like(x) if out is None else out
         now = time.monotonic()
-        op = self.protocol.allreduce(x, result, now)
+        op, result = self._begin(x, out, now)
         if op.done:
             return result
         fd = self._sock.fileno()
         io = self._io
         self.stale += io.discard(fd)  # what arrived between calls, as the reader would
-        state = np.array([now, now, 0.0])
+        state = np.zeros(fastpath.N_WAIT)
+        state[fastpath.W_NOW] = state[fastpath.W_PROGRESS] = now
         no_progress = self.protocol.timing.no_progress
         self._op = op
         try:
@@ -257,9 +269,7 @@ class AsyncContext:
                 if self._sock is None:
                     raise SwitchMLError("the SwitchML context was closed during an allreduce")
                 if status == fastpath.RUN_TIMER:
-                    now = float(state[fastpath.W_NOW])
-                    op.check(now, where=f"the switch at {self.switch_address}")
-                    self._send(op, op.handle_timer(now))
+                    self._retransmit(op, float(state[fastpath.W_NOW]))
         finally:
             self._wakeups = int(state[fastpath.W_WAKEUPS])
             self._record_stats(op)
@@ -367,13 +377,11 @@ class AsyncContext:
         op = self._op
         if op is None or op.done:
             return
-        now = self._loop.time()
         try:
-            op.check(now, where=f"the switch at {self.switch_address}")
+            self._retransmit(op, self._loop.time())
         except SwitchMLError as exc:
             self._finish(exc)
             return
-        self._send(op, op.handle_timer(now))
         self._arm()
 
 

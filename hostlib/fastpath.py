@@ -355,14 +355,12 @@ def wait_and_pump(
             wait = min(math.ceil((due - now) * 1000.0), SLICE_MS)
             pollfd[1] = POLLIN
             r = c_poll(pollfd.ctypes.data, 1, wait)
-            if r < 0 or (r == 0 and wait == SLICE_MS):  # EINTR, or a slice is over
+            closed = r > 0 and ((pollfd[1] >> 16) & POLLNVAL) != 0  # closed meanwhile
+            if r < 0 or closed or (r == 0 and wait == SLICE_MS):  # or EINTR, or slice over
                 state[W_NOW] = _monotonic(ts)
                 return RUN_RETURN
             if r == 0:
                 continue
-            if (pollfd[1] >> 16) & POLLNVAL:  # the socket was closed meanwhile
-                state[W_NOW] = _monotonic(ts)
-                return RUN_RETURN
             now = _monotonic(ts)
         # readable, or a deadline is due: read first (results may be waiting
         # after this process was descheduled; resending their packets is spurious)
@@ -503,17 +501,21 @@ class FastIO:
             max(1, int(seg_max)),
         )
 
+    def _args(self, result_args: tuple) -> tuple:
+        """:func:`pump`'s arguments after ``now, fd`` (:func:`wait_and_pump`'s after
+        its own), for an allreduce whose ``Allreduce.result_args`` are given."""
+        return (*self.rx_args, *self.tx_args, *self.slot_args, *self.batch_args, *result_args)
+
     def pump(self, fd: int, now: float, result_args: tuple) -> int:
         """:func:`pump` for an allreduce whose ``Allreduce.result_args`` are given."""
-        args = (*self.rx_args, *self.tx_args, *self.slot_args, *self.batch_args, *result_args)
-        return pump(now, fd, *args)
+        return pump(now, fd, *self._args(result_args))
 
     def wait(
         self, fd: int, state: np.ndarray, expected: int, no_progress: float, result_args: tuple
     ) -> int:
         """:func:`wait_and_pump` for an allreduce whose ``Allreduce.result_args``
         are given; returns its ``RUN_*`` status."""
-        args = (*self.rx_args, *self.tx_args, *self.slot_args, *self.batch_args, *result_args)
+        args = self._args(result_args)
         return wait_and_pump(fd, state, self.pollfd, self.ts, expected, no_progress, *args)
 
     def send(self, fd: int, send: np.ndarray, n: int) -> int:
