@@ -29,6 +29,12 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--codes", type=_list(int), default=[1, 3, 6, 7])
     a.add_argument("--reps", type=int, default=5)
     a.add_argument("--shards", type=int, default=1, help="data-plane processes of the emulator")
+    a.add_argument(
+        "--dtype",
+        choices=["float32", "int32"],
+        default="float32",
+        help="int32: exact sums, no quantization (the transport's own cost)",
+    )
     a.add_argument("--out", type=Path, default=Path("bench/results"))
     lo = sub.add_parser("loss", help="goodput under injected loss vs lossless")
     lo.add_argument(
@@ -61,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             args.reps,
             log=lambda m: print(m, file=sys.stderr),
             shards=args.shards,
+            dtype=args.dtype,
         )
         paths = write_outputs(data, args.out)
         print(markdown(data))

@@ -34,9 +34,13 @@ def run(
         pipes, procs = start_group(workers, targets, gloo=False)
         times: dict[str, list[float]] = {name: [] for name, *_ in targets}
         retx: dict[str, list[int]] = {name: [] for name, *_ in targets}
+        wrong: set[str] = set()
         for rep in range(reps):
             for name, *_ in targets:
-                t, r = run_once(pipes, name, nbytes)
+                call = run_once(pipes, name, nbytes)
+                t, r = call["time"], call["retransmissions"]
+                if call["verified"] is False:
+                    wrong.add(name)
                 times[name].append(t)
                 retx[name].append(r)
             log(f"repetition {rep + 1}/{reps} done")
@@ -53,6 +57,7 @@ def run(
                 "goodput_ratio": base / med,
                 "retransmissions": statistics.median(retx[name]),
                 "all_s": times[name],
+                "verified": name not in wrong,
             }
         )
     return {"workers": workers, "bytes": nbytes, "size_code": code, "reps": reps, "levels": rows}
@@ -63,13 +68,13 @@ def markdown(data: dict[str, Any]) -> str:
         f"W={data['workers']}, {data['bytes'] / 2**20:g} MiB float32, size code "
         f"{data['size_code']}, loss in both directions, medians of {data['reps']}:",
         "",
-        "| loss | median (ms) | goodput (Gbit/s) | goodput / lossless | retransmissions |",
-        "|---|---|---|---|---|",
+        "| loss | median (ms) | goodput (Gbit/s) | goodput / lossless | retransmissions | result |",
+        "|---|---|---|---|---|---|",
     ]
     for r in data["levels"]:
         lines.append(
             f"| {r['loss'] * 100:g}% | {r['median_s'] * 1e3:.1f} | "
             f"{r['goodput_gbps']:.2f} | {r['goodput_ratio']:.2f} | "
-            f"{r['retransmissions']:.0f} |"
+            f"{r['retransmissions']:.0f} | {'ok' if r['verified'] else 'WRONG'} |"
         )
     return "\n".join(lines) + "\n"

@@ -17,17 +17,54 @@ def test_switch_benchmark_smoke():
     assert res["agg_pps"] > 0 and res["echo_pps"] > 0 and res["ratio"] > 0
 
 
-def test_allreduce_benchmark_smoke(tmp_path):
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_allreduce_benchmark_smoke(tmp_path, dtype):
     pytest.importorskip("torch")
     from bench.allreduce import run, write_outputs
 
-    data = run([2], [64 << 10], [3], reps=1, log=lambda m: None)
+    data = run([2], [64 << 10], [3], reps=2, log=lambda m: None, dtype=dtype)
+    assert data["dtype"] == dtype
     methods = {r["method"] for r in data["results"]}
     assert methods == {"switchml-3", "gloo", "ps"}
     assert all(r["median_s"] > 0 for r in data["results"])
+    # every method's first call was checked against the exact sum, and was right
+    assert all(r["verified"] is True for r in data["results"])
+    # CPU per call: the workers always use some; the switch only serves SwitchML
+    for r in data["results"]:
+        assert r["cpu_workers_s"] > 0
+        assert r["cpu_s"] >= r["cpu_workers_s"]
+    sw = next(r for r in data["results"] if r["method"] == "switchml-3")
+    assert sw["cpu_switch_s"] > 0
     gloo = next(r for r in data["results"] if r["method"] == "gloo")
-    assert gloo["ratio_to_gloo"] == 1.0
+    assert gloo["ratio_to_gloo"] == 1.0 and gloo["cpu_ratio_to_gloo"] == 1.0
     paths = write_outputs(data, tmp_path)
     assert json.loads(paths[0].read_text())["results"]
-    assert "| switchml-3 |" in paths[1].read_text()
+    table = paths[1].read_text()
+    assert "| switchml-3 |" in table and "| ok |" in table and f"dtype {dtype}" in table
     assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_benchmark_worker_flags_a_wrong_result():
+    """The check the benchmark workers run is the one that fails on a wrong sum."""
+    from hostlib import testdata
+
+    n = 3 * 4096
+    y = 3 * testdata.worker_input(0, n, 0, "int32")  # W = 2: 1 * base + 2 * base
+    assert testdata.check_result(y, 2, 0, 256)[0]
+    y[5] += 1
+    assert not testdata.check_result(y, 2, 0, 256)[0]
+
+
+def test_cpu_accounting_reads_proc():
+    import os
+
+    from bench.allreduce import _cpu_seconds, _descendants
+
+    if not os.path.exists(f"/proc/{os.getpid()}/task"):
+        pytest.skip("no /proc")
+    assert os.getpid() in _descendants(os.getpid())
+    a = _cpu_seconds([os.getpid()])
+    sum(i * i for i in range(300_000))
+    b = _cpu_seconds([os.getpid()])
+    assert a is not None and b > a
+    assert _cpu_seconds([2**22 + 12345]) is None  # no such process
