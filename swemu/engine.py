@@ -499,6 +499,7 @@ class SwitchEngine:
             batch.dest_ip,
             batch.dest_port,
             batch.dest_worker,
+            K.NO_ADDRESSES,
         )
         return batch.n_dest
 

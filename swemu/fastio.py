@@ -310,6 +310,7 @@ class GroRx:
         self.vec = MsgVec(capacity)
         # rows > 0: zero copy, recv_rows gives each datagram's address here
         self.addr = np.zeros(rows, np.int64)
+        self._no_addr = self.addr[:0]
         self.land = np.zeros((capacity, GRO_MSG_BYTES), np.uint8)
         self.vec.point_at_rows(self.land)
         self.mlens = np.zeros(capacity, np.int32)
@@ -318,8 +319,9 @@ class GroRx:
         self.mport = np.zeros(capacity, np.int32)
         self.cursor = np.zeros(4, np.int64)
 
-    def args(self) -> tuple:
-        """The arguments of :func:`recv_rows` before the batch's arrays."""
+    def args(self, zero_copy: bool = True) -> tuple:
+        """The arguments of :func:`recv_rows` before the batch's arrays;
+        ``zero_copy`` False copies into the rows even if ``rows`` > 0."""
         v = self.vec
         return (
             v.hdr,
@@ -333,7 +335,7 @@ class GroRx:
             self.mip,
             self.mport,
             self.cursor,
-            self.addr,
+            self.addr if zero_copy else self._no_addr,
         )
 
 

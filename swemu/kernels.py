@@ -23,7 +23,7 @@ import numba
 import numpy as np
 from numba import njit
 
-from .rawmem import words_at
+from .rawmem import bytes_at, words_at
 
 # --- per-packet actions: what the switch did with row r, and why -------------
 # (the §2 decision table; swemu.engine.Action mirrors these values)
@@ -88,6 +88,7 @@ SH_COUNT = 0  # data-plane processes S (1: not sharded)
 SH_INDEX = 1  # this one's index i: it owns the slots s with s % S == i
 
 HEADER_LEN = 10
+NO_ADDRESSES = np.zeros(0, np.int64)  # _process_batch's row_addr: datagrams are rows
 MSG_TYPE = 1
 
 
@@ -166,8 +167,13 @@ def _process_batch(
     dest_ip,
     dest_port,
     dest_worker,
+    row_addr,
 ):
     """Apply PROTOCOL.md §2 to rows ``0..n-1`` of a batch; return the destination count.
+
+    Datagram r is row r of ``buf``, or, with a non-empty ``row_addr``, the
+    ``lens[r]`` bytes at address ``row_addr[r]`` (where the kernel landed a
+    coalesced message: ``fastio.GroRx``, zero copy); ``buf`` is not read then.
 
     ``faults[j, w, P_LOSS_IN]`` > 0 drops packets of worker w of job j before
     the switch sees them (seeded: :func:`seed`); the other faults act on what
@@ -187,12 +193,15 @@ def _process_batch(
     # payload views by address (swemu.rawmem): no reference counting per packet
     buf_addr = buf.ctypes.data
     buf_stride = buf.strides[0]
+    by_addr = row_addr.shape[0] > 0
     out_addr = out_buf.ctypes.data
     out_stride = out_buf.strides[0]
     for r in range(n):
         out_len[r] = 0
         out_job[r] = -1
         length = lens[r]
+        at = row_addr[r] if by_addr else buf_addr + r * buf_stride
+        row = bytes_at(at, HEADER_LEN)  # read only once length >= HEADER_LEN
         global_counters[G_PKTS_IN] += 1
         # 1. who sent it: (ip, port) first, then (ip, 0) for IP-only workers
         ip = np.uint64(src_ip[r])
@@ -221,7 +230,7 @@ def _process_batch(
             worker_counters[j, w, W_DROPS] += 1
             action[r] = A_DROP_MALFORMED
             continue
-        b0 = buf[r, 0]
+        b0 = row[0]
         code = np.int64(b0 & 7)
         nvals = 32 << code
         if (b0 >> 4) != MSG_TYPE or length != HEADER_LEN + 4 * nvals:
@@ -235,7 +244,7 @@ def _process_batch(
             action[r] = A_DROP_WRONG_SIZE
             continue
         # 3. which slot
-        pi = (np.int64(buf[r, 6]) << 8) | np.int64(buf[r, 7])
+        pi = (np.int64(row[6]) << 8) | np.int64(row[7])
         s = (pi >> 15) & 1
         slot = pi & 0x3FFF
         pool = job_pool[j]
@@ -279,10 +288,10 @@ def _process_batch(
                 cnt[k] = c - 1
         # 6. aggregation: write after release, add otherwise, nothing on retransmission
         base = k * nvals
-        e0 = np.int8(buf[r, 8])
-        e1 = np.int8(buf[r, 9])
+        e0 = np.int8(row[8])
+        e1 = np.int8(row[9])
         if not retrans:
-            words = words_at(buf_addr + r * buf_stride + HEADER_LEN, nvals)
+            words = words_at(at + HEADER_LEN, nvals)
             if before == 0:
                 _write_words(vals[base : base + nvals], words)
                 ex[2 * k] = e0
@@ -308,7 +317,7 @@ def _process_batch(
         plen = HEADER_LEN + 4 * nvals
         out_buf[r, 0] = (MSG_TYPE << 4) | code
         for b in range(1, 6):
-            out_buf[r, b] = buf[r, b]
+            out_buf[r, b] = row[b]
         out_buf[r, 6] = (s << 7) | (slot >> 8)
         out_buf[r, 7] = slot & 0xFF
         out_buf[r, 8] = np.uint8(np.int64(ex[2 * k]) & 0xFF)

@@ -241,12 +241,13 @@ def test_recv_rows_cuts_coalesced_messages_back_into_the_datagrams(zero_copy):
         tx.close()
 
 
-async def test_emulator_turns_gro_on_for_small_packets_and_off_for_large():
-    """UDP_GRO on the switch socket pays for small packets only: "auto" turns
-    it on while every job uses size code <= 4 and off when an 8 KiB job comes,
-    and both phases (and the switch-over) give exact sums."""
+async def test_emulator_gro_zero_copy_and_switching_it_off():
+    """UDP_GRO is on by default on the switch socket: the fast path reads the
+    coalesced datagrams where the kernel landed them. Jobs of 1 KiB and 8 KiB
+    packets, at once and one after the other, give exact sums; so do jobs
+    after GRO is turned off (messages still queued coalesced are drained
+    through the landing area first), and with it on again."""
     import swemu
-    from swemu.dataplane import GRO_MAX_CODE
 
     if not fastio.gso_available():
         pytest.skip("no UDP GSO/GRO in this kernel")
@@ -255,20 +256,30 @@ async def test_emulator_turns_gro_on_for_small_packets_and_off_for_large():
         sw = "%s:%d" % emu.data_address
         ctl = "%s:%d" % emu.control_address
 
-        async def job(code, n=100_000):
+        async def job(code, session, n=100_000):
             async def one(rank):
                 async with hostlib.aconnect(
-                    sw, ctl, rank=rank, world_size=2, packet_size=code, window=16
+                    sw,
+                    ctl,
+                    rank=rank,
+                    world_size=2,
+                    packet_size=code,
+                    window=16,
+                    session_id=session,
                 ) as a:
-                    return await a.allreduce(np.full(n, rank + 1, np.int32))
+                    x = np.arange(n, dtype=np.int32) * (rank + 1)
+                    return await a.allreduce(x)
 
             ys = await asyncio.gather(one(0), one(1))
             for y in ys:
-                assert (y == 3).all()
+                assert (y == 3 * np.arange(n, dtype=np.int32)).all()
 
-        await job(3)
-        assert GRO_MAX_CODE >= 3 and dp._gro_socket and dp.gro
-        await job(6)  # a job of 8 KiB packets: GRO goes off (after the switch-over)
-        assert not dp._gro_socket
-        await job(6)
-        assert not dp.gro
+        assert dp._gro_socket and dp.gro
+        await asyncio.gather(job(3, 11), job(6, 12))
+        assert dp._gro_socket
+        dp._set_gro(False)
+        await job(6, 13)
+        assert not dp._gro_socket and not dp.gro  # left the landing path once empty
+        dp._set_gro(True)
+        await job(7, 14)
+        assert dp.gro
