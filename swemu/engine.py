@@ -255,15 +255,7 @@ class SwitchEngine:
         # is any duplication / any fault on the way out configured at all (the I/O
         # path skips those stages when not); kept current by refresh_fault_flags()
         self.fault_flags = np.zeros(2, np.int64)
-        self.values = K.make_list(K.VALUES_T)
-        self.exps = K.make_list(K.EXPS_T)
-        self.bitmap = K.make_list(K.BITMAP_T)
-        self.count = K.make_list(K.COUNT_T)
-        for _ in range(mj):
-            self.values.append(np.zeros(0, np.uint32))
-            self.exps.append(np.zeros(0, np.int8))
-            self.bitmap.append(np.zeros(0, np.uint32))
-            self.count.append(np.zeros(0, np.int32))
+        self.values, self.exps, self.bitmap, self.count = K.new_pools(mj)
         self.addr_keys = np.zeros(0, np.uint64)
         self.addr_vals = np.zeros(0, np.int32)
         self._addr: dict[int, tuple[int, int]] = {}  # key -> (job index, worker id)
@@ -355,6 +347,29 @@ class SwitchEngine:
         return [job.session_id for job in idle]
 
     # -------------------------------------------------- table primitives (no rules)
+    def _give_pool(self, j: int, held: int, nvals: int) -> None:
+        """Job entry ``j`` gets fresh arrays for ``held`` slots of ``nvals``
+        values (0 slots frees them). np.empty for the values: they are written
+        before they are read (the "write" rule of §2), so untouched slots never
+        cost resident memory."""
+        arrays = (
+            np.empty(2 * held * nvals, np.uint32),
+            np.zeros(2 * held * 2, np.int8),
+            np.zeros(2 * held, np.uint32),
+            np.zeros(2 * held, np.int32),
+        )
+        if isinstance(self.values, list):  # NUMBA_DISABLE_JIT: plain lists
+            self.values[j], self.exps[j], self.bitmap[j], self.count[j] = arrays
+        else:
+            K.set_pool(self.values, self.exps, self.bitmap, self.count, j, *arrays)
+
+    def pool_arrays(self, j: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(values, exps, bitmap, count)`` of job entry ``j``: views of the
+        arrays the kernels update (for snapshots and tests)."""
+        if isinstance(self.values, list):
+            return self.values[j], self.exps[j], self.bitmap[j], self.count[j]
+        return K.get_pool(self.values, self.exps, self.bitmap, self.count, j)
+
     def create_job(self, session_id: int, w: int, code: int, pool: int, now: float) -> Job:
         """Take a free job entry and give it a fresh pool of ``pool`` slots (no workers)."""
         if session_id in self.jobs:
@@ -362,12 +377,7 @@ class SwitchEngine:
         j = self._free.pop()
         n = values_per_packet(code)
         held = shard_slots(pool, int(self.shard[K.SH_INDEX]), int(self.shard[K.SH_COUNT]))
-        # np.empty: values are written before they are read (the "write" rule of
-        # §2), so untouched slots never cost resident memory.
-        self.values[j] = np.empty(2 * held * n, np.uint32)
-        self.exps[j] = np.zeros(2 * held * 2, np.int8)
-        self.bitmap[j] = np.zeros(2 * held, np.uint32)
-        self.count[j] = np.zeros(2 * held, np.int32)
+        self._give_pool(j, held, n)
         self.job_workers[j] = w
         self.job_pool[j] = pool
         self.job_code[j] = code
@@ -391,10 +401,7 @@ class SwitchEngine:
         for key in [k for k, (jj, _) in self._addr.items() if jj == j]:
             del self._addr[key]
         self._rebuild_addr_table()
-        self.values[j] = np.zeros(0, np.uint32)
-        self.exps[j] = np.zeros(0, np.int8)
-        self.bitmap[j] = np.zeros(0, np.uint32)
-        self.count[j] = np.zeros(0, np.int32)
+        self._give_pool(j, 0, 0)
         self.job_workers[j] = 0
         self.job_pool[j] = 0
         self.job_code[j] = -1
@@ -526,8 +533,7 @@ class SwitchEngine:
         jobs = []
         for job in sorted(self.jobs.values(), key=lambda jb: jb.index):
             j, p = job.index, job.slots
-            cnt = self.count[j]
-            bm = self.bitmap[j]
+            _, _, bm, cnt = self.pool_arrays(j)
             workers = []
             for rank in range(job.num_workers):
                 addr = job.workers.get(rank)

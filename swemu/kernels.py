@@ -361,15 +361,57 @@ def seed(value):
     np.random.seed(value)
 
 
-def make_list(item_type):
-    """An empty list the kernels can index: a Numba typed List, or a plain list
-    when the JIT is disabled (``NUMBA_DISABLE_JIT=1`` runs the kernels as Python)."""
-    if numba.config.DISABLE_JIT:
-        return []
-    return numba.typed.List.empty_list(item_type)
-
-
 VALUES_T = numba.types.uint32[::1]
 EXPS_T = numba.types.int8[::1]
 BITMAP_T = numba.types.uint32[::1]
 COUNT_T = numba.types.int32[::1]
+
+
+# The pools of the jobs live in Numba typed Lists (one array per job entry, sized
+# when the job is created). Every typed-List operation done from Python compiles
+# its helpers for the item type on first use, in every process and without the
+# cache: about 5 s at each emulator start. These cached functions do the few
+# operations the engine needs inside compiled code instead.
+
+
+@njit(cache=True)
+def _new_pools(n):
+    values = numba.typed.List.empty_list(VALUES_T)
+    exps = numba.typed.List.empty_list(EXPS_T)
+    bitmap = numba.typed.List.empty_list(BITMAP_T)
+    count = numba.typed.List.empty_list(COUNT_T)
+    for _ in range(n):
+        values.append(np.zeros(0, np.uint32))
+        exps.append(np.zeros(0, np.int8))
+        bitmap.append(np.zeros(0, np.uint32))
+        count.append(np.zeros(0, np.int32))
+    return values, exps, bitmap, count
+
+
+def new_pools(n: int) -> tuple:
+    """``(values, exps, bitmap, count)``: lists of ``n`` empty per-job arrays the
+    kernels index by job entry (plain lists when ``NUMBA_DISABLE_JIT=1`` runs the
+    kernels as Python)."""
+    if numba.config.DISABLE_JIT:
+        return (
+            [np.zeros(0, np.uint32) for _ in range(n)],
+            [np.zeros(0, np.int8) for _ in range(n)],
+            [np.zeros(0, np.uint32) for _ in range(n)],
+            [np.zeros(0, np.int32) for _ in range(n)],
+        )
+    return _new_pools(n)
+
+
+@njit(cache=True)
+def set_pool(values, exps, bitmap, count, j, v, e, b, c):
+    """Give job entry ``j`` its arrays (a fresh pool, or empty ones to free it)."""
+    values[j] = v
+    exps[j] = e
+    bitmap[j] = b
+    count[j] = c
+
+
+@njit(cache=True)
+def get_pool(values, exps, bitmap, count, j):
+    """The arrays of job entry ``j`` (views of the pool the kernels update)."""
+    return values[j], exps[j], bitmap[j], count[j]
