@@ -10,6 +10,7 @@ and the no-progress check.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
 import socket
 import time
@@ -81,6 +82,7 @@ class AsyncContext:
         self.membership: Membership | None = None
         self.protocol: WorkerProtocol | None = None
         self._sock: socket.socket | None = None
+        self._bsock: socket.socket | None = None  # loopback-broadcast results, if offered
         self._loop: asyncio.AbstractEventLoop | None = None
         self._op: Allreduce | None = None
         self._done: asyncio.Future | None = None
@@ -129,7 +131,15 @@ class AsyncContext:
                 local_ip = o.bind or _route_source(probe_host)
                 sock.bind((local_ip, 0))
                 sock.setblocking(False)
+                # on loopback, ask the emulator to send each result once to all
+                # workers (127.255.255.255); needs the compiled path's second socket
+                want_broadcast = (
+                    self.fast
+                    and ipaddress.IPv4Address(probe_host).is_loopback
+                    and os.environ.get("SWITCHML_BROADCAST", "1") != "0"
+                )
                 membership = await ctl.join(
+                    loopback_broadcast=want_broadcast,
                     rank=o.rank,
                     world_size=o.world_size,
                     ipv4=wire.ipv4_to_int(local_ip),
@@ -159,7 +169,31 @@ class AsyncContext:
         )
         if self.fast:
             self._setup_fast(ports)
+            if want_broadcast and membership.broadcast_port:
+                self._open_broadcast(membership.broadcast_port)
         self._loop.add_reader(sock.fileno(), self._on_readable)
+
+    def _open_broadcast(self, port: int) -> None:
+        """Take the job's results on ``0.0.0.0:port`` too, where the emulator sends
+        each of them once for all workers (UdpSessionResponse.broadcast_port)."""
+        b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            b.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            set_socket_buffers(b)
+            b.bind(("0.0.0.0", port))
+            b.setblocking(False)
+        except OSError as exc:
+            b.close()
+            self.close()
+            raise SwitchMLError(
+                f"cannot take the switch's broadcast results on UDP port {port}: "
+                f"{exc.strerror or exc} (SWITCHML_BROADCAST=0 turns loopback broadcast off)"
+            ) from None
+        if self._io.gro_args[0]:
+            fastio.enable_gro(b)
+        self._bsock = b
+        self._io.bfd = b.fileno()
+        self._loop.add_reader(b.fileno(), self._on_readable)
 
     def _setup_fast(self, ports: list[int]) -> None:
         """Message vectors and arguments of the compiled I/O loop."""
@@ -185,6 +219,12 @@ class AsyncContext:
 
     def close(self) -> None:
         """Leave: stop reading and close the socket (a running call fails)."""
+        if self._bsock is not None:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(self._bsock.fileno())
+            self._io.bfd = -1
+            self._bsock.close()
+            self._bsock = None
         if self._sock is None:
             return
         if self._loop is not None and not self._loop.is_closed():
@@ -254,6 +294,8 @@ class AsyncContext:
         fd = self._sock.fileno()
         io = self._io
         self.stale += io.discard(fd)  # what arrived between calls, as the reader would
+        if io.bfd >= 0:
+            self.stale += io.discard(io.bfd)
         state = np.zeros(fastpath.N_WAIT)
         state[fastpath.W_NOW] = state[fastpath.W_PROGRESS] = now
         no_progress = self.protocol.timing.no_progress
@@ -350,12 +392,17 @@ class AsyncContext:
 
     def _on_readable_fast(self, fd: int) -> None:
         op = self._op
+        io = self._io
         if op is None:  # between calls: count and drop
-            self.stale += self._io.discard(fd)
+            self.stale += io.discard(fd)
+            if io.bfd >= 0:
+                self.stale += io.discard(io.bfd)
             return
         now = self._loop.time()
         before = op.counters[K.K_RESULTS]
-        self._io.pump(fd, now, op.result_args)
+        io.pump(fd, now, op.result_args)
+        if io.bfd >= 0:
+            io.pump(fd, now, op.result_args, rx_fd=io.bfd)
         self._wakeups += 1
         if op.counters[K.K_RESULTS] != before:
             op.last_progress = now

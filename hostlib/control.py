@@ -37,6 +37,7 @@ class Membership:
     switch_ipv4: int
     switch_mac: int
     data_ports: tuple[int, ...]
+    broadcast_port: int = 0  # non-zero: results also come to 127.255.255.255:this port
 
 
 def new_session_id() -> int:
@@ -90,6 +91,7 @@ class ControlClient:
         session_id: int | None = None,
         timeout: float = 120.0,
         mac: int = 0,
+        loopback_broadcast: bool = False,
     ) -> Membership:
         """Register this worker and wait for the others (steps 1–3 above)."""
         scope = session_id or 0
@@ -104,6 +106,7 @@ class ControlClient:
                 packet_size=packet_size,
                 udp_port=udp_port,
                 pool_size=pool_size,
+                loopback_broadcast=loopback_broadcast,
             )
             return self._call(
                 f"UdpSession(rank {rank})", self.session.UdpSession(req, timeout=timeout)
@@ -132,4 +135,6 @@ class ControlClient:
                 pb.BarrierRequest(num_workers=world_size, session_id=scope), timeout=timeout
             ),
         )
-        return Membership(sid, resp.ipv4, resp.mac, tuple(resp.data_ports))
+        return Membership(
+            sid, resp.ipv4, resp.mac, tuple(resp.data_ports), int(resp.broadcast_port)
+        )

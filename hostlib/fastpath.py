@@ -137,9 +137,12 @@ def pump(
     quiet,
     waiting,
     guard,
+    tx_fd,
 ):
-    """Drain the socket (``cap`` datagrams per ``recvmmsg``) into ``buf``, match
-    every batch and send what it releases. Returns the datagrams received."""
+    """Drain the socket ``fd`` (``cap`` datagrams per ``recvmmsg``) into ``buf``,
+    match every batch and send what it releases from ``tx_fd`` (the worker's
+    own socket; ``fd`` may be its loopback-broadcast socket). Returns the
+    datagrams received."""
     total = 0
     while True:
         n, more = fastio.receive(
@@ -216,7 +219,7 @@ def pump(
         counters[K.K_SENT] += m
         if m > 0:
             send_slots(
-                fd,
+                tx_fd,
                 tx_hdr,
                 tx_hdr_ptr,
                 tx_iov,
@@ -331,6 +334,7 @@ def wait_and_pump(
     quiet,
     waiting,
     guard,
+    bfd,
 ):
     """Run an allreduce to the next event that needs Python: wait for the
     socket with ``poll`` and :func:`pump` it, until every result is in
@@ -342,7 +346,8 @@ def wait_and_pump(
     readiness callback cost ~60 µs of interpreter work per wakeup (the
     dispatcher unboxing :func:`pump`'s arguments), a fifth of a worker's CPU.
     Called with the GIL released (``nogil``), so other threads run meanwhile.
-    ``state`` holds ``W_*``; ``pollfd`` is one ``struct pollfd`` as int32[2],
+    ``state`` holds ``W_*``; ``pollfd`` is two ``struct pollfd`` as int32[4]
+    (``fd``, and ``bfd``, the loopback-broadcast socket, or -1),
     ``ts`` a ``struct timespec`` as int64[2]."""
     pollfd[0] = fd
     while True:
@@ -354,7 +359,9 @@ def wait_and_pump(
         if now < due:
             wait = min(math.ceil((due - now) * 1000.0), SLICE_MS)
             pollfd[1] = POLLIN
-            r = c_poll(pollfd.ctypes.data, 1, wait)
+            pollfd[2] = bfd  # negative: poll skips the entry
+            pollfd[3] = POLLIN
+            r = c_poll(pollfd.ctypes.data, 2, wait)
             closed = r > 0 and ((pollfd[1] >> 16) & POLLNVAL) != 0  # closed meanwhile
             if r < 0 or closed or (r == 0 and wait == SLICE_MS):  # or EINTR, or slice over
                 state[W_NOW] = _monotonic(ts)
@@ -431,7 +438,77 @@ def wait_and_pump(
             quiet,
             waiting,
             guard,
+            fd,
         )
+        if bfd >= 0:  # results broadcast on loopback
+            got += pump(
+                now,
+                bfd,
+                rx_hdr,
+                rx_hdr_ptr,
+                cap,
+                lens,
+                src_ip,
+                src_port,
+                rx_names,
+                ok,
+                switch_ip,
+                gro,
+                g_hdr,
+                g_hdr_ptr,
+                g_names,
+                g_cmsg,
+                g_cmsg_ptr,
+                g_land,
+                g_mlens,
+                g_gso,
+                g_mip,
+                g_mport,
+                g_cursor,
+                g_addr,
+                tx_hdr,
+                tx_hdr_ptr,
+                tx_iov,
+                tx_names,
+                slot_ptr,
+                slot_len,
+                slot_ip,
+                slot_port,
+                ports,
+                seg_max,
+                buf,
+                buf_addr,
+                rows,
+                xi,
+                xf,
+                oi,
+                of,
+                is_float,
+                nchunks,
+                nvals,
+                nslots,
+                num_workers,
+                code,
+                job_number,
+                chunk,
+                cur_set,
+                next_set,
+                deadline,
+                rto,
+                tries,
+                my_exp,
+                shared_exp,
+                rto_min,
+                rto_max,
+                rtt,
+                limit,
+                send,
+                counters,
+                quiet,
+                waiting,
+                guard,
+                fd,
+            )
         if got > 0:
             state[W_WAKEUPS] += 1
         if counters[K.K_RESULTS] != before:
@@ -490,7 +567,8 @@ class FastIO:
         self.gro_args = (bool(gro), *self.gro.args())  # the tail of fastio.receive's
         self.rx_args += self.gro_args
         self.tx_args = (tx.hdr, tx.hdr_ptr, tx.iov, tx.names)
-        self.pollfd = np.zeros(2, np.int32)  # struct pollfd {int fd; short events, revents}
+        self.pollfd = np.zeros(4, np.int32)  # 2 x struct pollfd {int fd; short events, revents}
+        self.bfd = -1  # the loopback-broadcast socket, if the job has one
         self.ts = np.zeros(2, np.int64)  # struct timespec
         self.slot_args = (
             rows.ctypes.data + rows.strides[0] * np.arange(k, dtype=np.int64),
@@ -506,9 +584,10 @@ class FastIO:
         its own), for an allreduce whose ``Allreduce.result_args`` are given."""
         return (*self.rx_args, *self.tx_args, *self.slot_args, *self.batch_args, *result_args)
 
-    def pump(self, fd: int, now: float, result_args: tuple) -> int:
-        """:func:`pump` for an allreduce whose ``Allreduce.result_args`` are given."""
-        return pump(now, fd, *self._args(result_args))
+    def pump(self, fd: int, now: float, result_args: tuple, rx_fd: int | None = None) -> int:
+        """:func:`pump` for an allreduce whose ``Allreduce.result_args`` are given:
+        receive from ``rx_fd`` (default ``fd``), send from ``fd``."""
+        return pump(now, fd if rx_fd is None else rx_fd, *self._args(result_args), fd)
 
     def wait(
         self, fd: int, state: np.ndarray, expected: int, no_progress: float, result_args: tuple
@@ -516,7 +595,9 @@ class FastIO:
         """:func:`wait_and_pump` for an allreduce whose ``Allreduce.result_args``
         are given; returns its ``RUN_*`` status."""
         args = self._args(result_args)
-        return wait_and_pump(fd, state, self.pollfd, self.ts, expected, no_progress, *args)
+        return wait_and_pump(
+            fd, state, self.pollfd, self.ts, expected, no_progress, *args, self.bfd
+        )
 
     def send(self, fd: int, send: np.ndarray, n: int) -> int:
         """Send the packets of the first ``n`` slots in ``send``."""

@@ -102,6 +102,7 @@ class SessionService(pb_grpc.SessionServicer):
                 pool_size=request.pool_size,
                 mac=request.mac,
                 now=self.clock(),
+                loopback_broadcast=request.loopback_broadcast,
             )
             if self.commit is not None:
                 await self.commit()
@@ -136,6 +137,9 @@ class SessionService(pb_grpc.SessionServicer):
             mac=switch.mac,
             ipv4=switch.ipv4,
             data_ports=list(switch.data_ports),
+            broadcast_port=(
+                self.controller.broadcast_port(session) if request.loopback_broadcast else 0
+            ),
         )
 
 

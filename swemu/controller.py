@@ -122,6 +122,7 @@ class WorkerAddress:
     ipv4: int
     udp_port: int = 0
     mac: int = 0
+    broadcast: bool = False  # also takes results on 127.255.255.255 (UdpSession extension)
 
 
 @dataclass(frozen=True)
@@ -306,6 +307,7 @@ class SessionController:
         pool_size: int = 0,
         mac: int = 0,
         now: float = 0.0,
+        loopback_broadcast: bool = False,
     ) -> Session:
         """Register worker ``rank`` of a session (UdpSession); raise RegistrationError.
 
@@ -346,7 +348,7 @@ class SessionController:
         params = JobParams(
             session_id, num_workers, packet_size, pool_size or limits.default_pool_size
         )
-        worker = WorkerAddress(ipv4, udp_port, mac)
+        worker = WorkerAddress(ipv4, udp_port, mac, bool(loopback_broadcast))
         session = self.sessions.get(session_id)
         if rank == 0:
             refusal = self.target.room_for_job(params, session.handle if session else None)
@@ -378,6 +380,12 @@ class SessionController:
         assert session is not None
         self._place(session, rank, worker, now)
         return session
+
+    def broadcast_port(self, session: Session) -> int:
+        """The port a job's workers may take its results on (127.255.255.255:port,
+        emulator on loopback only); 0 where the target offers none."""
+        offer = getattr(self.target, "broadcast_port", None)
+        return int(offer(session.handle)) if offer is not None else 0
 
     def release(self, session_id: int) -> bool:
         """Remove a session and free its pool; False if it does not exist."""
@@ -497,11 +505,16 @@ class EmulatorTarget:
         self.engine.drop_job(handle, why)
 
     def set_worker(self, handle: Job, rank: int, worker: WorkerAddress, *, now: float) -> None:
-        self.engine.set_worker(handle, rank, worker.ipv4, worker.udp_port, worker.mac)
+        self.engine.set_worker(
+            handle, rank, worker.ipv4, worker.udp_port, worker.mac, broadcast=worker.broadcast
+        )
         self.engine.touch(handle, now)  # registering counts as activity for the idle timer
 
     def remove_worker(self, handle: Job, rank: int) -> None:
         self.engine.remove_worker(handle, rank)
+
+    def broadcast_port(self, handle: Job) -> int:
+        return handle.broadcast_port
 
     def set_drop_simulation(self, drops: DropSimulation) -> None:
         """The emulator's fault injection does it: ``loss_in`` drops a worker's packet

@@ -275,6 +275,7 @@ def _step(
     faults,
     fault_counters,
     shard,
+    job_bcast,
 ):
     """:func:`_switch_batch` with its arrays as separate arguments: the form to
     call from Python (Numba types separate array arguments much faster than
@@ -327,6 +328,7 @@ def _step(
         faults,
         fault_counters,
         shard,
+        job_bcast,
     )
     return _switch_batch(now, n, counts, io, state, np.zeros(0, np.int64))
 
@@ -407,6 +409,7 @@ def _drain(
     faults,
     fault_counters,
     shard,
+    job_bcast,
 ):
     """The whole per-packet path in compiled code: send what the delay queue
     holds that is due, then repeatedly recvmmsg a batch, run it through the
@@ -462,6 +465,7 @@ def _drain(
         faults,
         fault_counters,
         shard,
+        job_bcast,
     )
     tx = (tx_hdr, tx_ptr, tx_iov, tx_names, tx_cmsg, tx_cmsg_ptr, seg_max)
     _send_due_fast(now, fd, tx, io, stats)

@@ -41,6 +41,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Any
 
 import numpy as np
 
@@ -89,6 +90,7 @@ JOB_COUNTER_NAMES = (
     "drop_wrong_size",
     "drop_slot_range",
     "drop_wrong_shard",
+    "broadcast",
 )
 WORKER_COUNTER_NAMES = ("pkts_in", "retransmissions", "last", "drops")
 GLOBAL_COUNTER_NAMES = ("pkts_in", "drop_unknown_source")
@@ -154,6 +156,11 @@ class Job:
     workers: dict[int, tuple[int, int]] = field(default_factory=dict)  # rank -> (ip, port)
     macs: dict[int, int] = field(default_factory=dict)  # rank -> MAC (kept for the model only)
     slots: int | None = None
+    # loopback broadcast (see SwitchEngine.broadcast): the port this job's results
+    # may go to, the socket that holds it, and the ranks that take results there
+    broadcast_port: int = 0
+    broadcast_holder: Any = None
+    broadcast_ranks: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         if self.slots is None:
@@ -235,6 +242,16 @@ class SwitchEngine:
         index, count = shard
         if not 0 <= index < count:
             raise ValueError(f"shard index {index} must be in 0..{count - 1}")
+        # Loopback broadcast, an emulator extension (UdpSession's loopback_broadcast /
+        # broadcast_port): when every worker of a job is on 127/8 and asked for it,
+        # a multicast result goes out once, to 127.255.255.255:port, where the kernel
+        # hands each worker's socket a clone (no copy) instead of one send and one
+        # copy per worker. The server turns it on for a data plane bound to loopback
+        # (one process: serve --shards 1) by giving ``broadcast_ports`` (which holds
+        # a free port: swemu.netutil.hold_broadcast_port); job_bcast[j] is the port
+        # in use, or 0.
+        self.broadcast_ports: Callable[[set[int]], tuple[Any, int]] | None = None
+        self.job_bcast = np.zeros(self.config.max_jobs, np.int32)
         self.shard = np.zeros(2, np.int64)
         self.shard[K.SH_COUNT] = count
         self.shard[K.SH_INDEX] = index
@@ -389,6 +406,10 @@ class SwitchEngine:
         self.faults[j] = self.fault_defaults  # the switch-wide fault settings
         self.worker_counters[j] = 0
         job = Job(session_id, j, w, code, pool, now, slots=held)
+        if self.broadcast_ports is not None:
+            used = {jb.broadcast_port for jb in self.jobs.values()}
+            job.broadcast_holder, job.broadcast_port = self.broadcast_ports(used)
+        self.job_bcast[j] = 0
         self.jobs[session_id] = job
         self.generation += 1
         self._by_index[j] = job
@@ -402,6 +423,10 @@ class SwitchEngine:
             del self._addr[key]
         self._rebuild_addr_table()
         self._give_pool(j, 0, 0)
+        self.job_bcast[j] = 0
+        if job.broadcast_holder is not None:
+            job.broadcast_holder.close()
+            job.broadcast_holder = None
         self.job_workers[j] = 0
         self.job_pool[j] = 0
         self.job_code[j] = -1
@@ -414,10 +439,13 @@ class SwitchEngine:
         for hook in self.release_hooks:
             hook(job)
 
-    def set_worker(self, job: Job, rank: int, ip: int, port: int, mac: int = 0) -> None:
+    def set_worker(
+        self, job: Job, rank: int, ip: int, port: int, mac: int = 0, *, broadcast: bool = False
+    ) -> None:
         """Add worker ``rank`` of ``job`` at ``(ip, port)``: its address-table entry and
         its destination. Both must be free: moving an address or a rank is the
-        controller's rule, done as :meth:`remove_worker` first."""
+        controller's rule, done as :meth:`remove_worker` first. ``broadcast``: the
+        worker also takes results on the job's broadcast port."""
         key = (ip << 16) | port
         if key in self._addr:
             raise ValueError(f"address {int_to_ipv4(ip)}:{port} is already registered")
@@ -428,7 +456,15 @@ class SwitchEngine:
         self._addr[key] = (job.index, rank)
         self.dst_ip[job.index, rank] = ip
         self.dst_port[job.index, rank] = port
+        if broadcast and job.broadcast_port and ip >> 24 == 127:
+            job.broadcast_ranks.add(rank)
+        self._update_broadcast(job)
         self._rebuild_addr_table()
+
+    def _update_broadcast(self, job: Job) -> None:
+        """Broadcast a job's results only while every one of its ranks takes them."""
+        every = job.broadcast_ranks == set(range(job.num_workers))
+        self.job_bcast[job.index] = job.broadcast_port if every else 0
 
     def remove_worker(self, job: Job, rank: int) -> None:
         """Undo :meth:`set_worker`: the address becomes unknown, the rank gets no results."""
@@ -437,6 +473,8 @@ class SwitchEngine:
         del self._addr[(ip << 16) | port]
         self.dst_ip[job.index, rank] = 0
         self.dst_port[job.index, rank] = -1
+        job.broadcast_ranks.discard(rank)
+        self._update_broadcast(job)
         self._rebuild_addr_table()
 
     def touch(self, job: Job, now: float) -> None:
@@ -485,6 +523,7 @@ class SwitchEngine:
             self.faults,
             self.fault_counters,
             self.shard,
+            self.job_bcast,
         )
 
     def process(self, batch: Batch, now: float = 0.0) -> int:

@@ -51,7 +51,8 @@ C_DROP_MALFORMED = 8
 C_DROP_WRONG_SIZE = 9
 C_DROP_SLOT_RANGE = 10
 C_DROP_WRONG_SHARD = 11
-N_JOB_COUNTERS = 12
+C_BROADCAST = 12  # multicasts sent once to 127.255.255.255 (loopback broadcast)
+N_JOB_COUNTERS = 13
 
 # --- per-worker counters (last axis of worker_counters) ----------------------
 W_PKTS_IN = 0
@@ -133,6 +134,20 @@ def _lookup(addr_keys, addr_vals, key):
     return -1
 
 
+BROADCAST_IP = 0x7FFFFFFF  # 127.255.255.255, lo's broadcast address (SwitchEngine.job_bcast)
+
+
+@njit(cache=True, nogil=True)
+def _egress_faults(faults, j, nw):
+    """Whether any fault acts on what job ``j`` sends to one of its ``nw`` workers
+    (those need one datagram per worker, so no broadcast)."""
+    for d in range(nw):
+        for p in range(P_LOSS_OUT, P_LINK_BPS + 1):
+            if faults[j, d, p] != 0.0:
+                return True
+    return False
+
+
 @njit(cache=True, nogil=True)
 def _process_batch(
     buf,
@@ -159,6 +174,7 @@ def _process_batch(
     faults,
     fault_counters,
     shard,
+    job_bcast,
     action,
     out_buf,
     out_len,
@@ -341,6 +357,18 @@ def _process_batch(
             action[r] = A_MULTICAST
             job_counters[j, C_MULTICAST] += 1
             worker_counters[j, w, W_LAST] += 1
+            if job_bcast[j] > 0 and not _egress_faults(faults, j, job_workers[j]):
+                # every worker takes results at 127.255.255.255:port: one datagram
+                # (counted as the copies it stands for)
+                dest_row[n_dest] = r
+                dest_ip[n_dest] = BROADCAST_IP
+                dest_port[n_dest] = job_bcast[j]
+                dest_worker[n_dest] = 0
+                n_dest += 1
+                job_counters[j, C_PKTS_OUT] += job_workers[j]
+                job_counters[j, C_BYTES_OUT] += plen * job_workers[j]
+                job_counters[j, C_BROADCAST] += 1
+                continue
             for d in range(job_workers[j]):
                 if dst_port[j, d] < 0:
                     continue  # rank not registered (any more): nobody to send to

@@ -47,6 +47,10 @@ _JOB_METRICS = {
     ),
     "pkts_out": ("switchml_packets_out_total", "Result packets sent (every copy counted)."),
     "bytes_out": ("switchml_bytes_out_total", "UDP payload bytes of result packets sent."),
+    "broadcast": (
+        "switchml_broadcast_total",
+        "Multicast results sent once to 127.255.255.255 for all workers (loopback broadcast).",
+    ),
 }
 #: ``data_plane`` keys of one shard of a sharded emulator: ``shard<i>_<counter>``.
 _SHARD_KEY = re.compile(r"shard(\d+)_(\w+)")

@@ -37,11 +37,12 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from . import __version__
+from . import __version__, fastio
 from .control import SessionService, SyncService, start_control_server
 from .dataplane import DataPlane, bind_udp
 from .engine import Batch, EngineConfig, SwitchEngine, warmup
 from .metrics import MetricsServer
+from .netutil import hold_broadcast_port
 from .pcap import DEFAULT_MAX_BYTES, DEFAULT_MAX_PACKETS, PcapWriter
 from .stats import EmulatorControlService, FaultHandler, add_to_server
 from .wire import DEFAULT_CONTROL_PORT, DEFAULT_SWITCH_MAC, DEFAULT_UDP_PORT
@@ -216,6 +217,26 @@ class Emulator:
         assert self._data is not None, "emulator not started"
         return self._data
 
+    def _enable_broadcast(self) -> None:
+        """Offer loopback broadcast (:attr:`SwitchEngine.broadcast_ports`) when the
+        data plane is bound to one 127/8 address that workers are also given, so
+        that a broadcast leaves from the address they expect results from (bound
+        to 0.0.0.0 it would leave from 127.0.0.1 whatever address they use).
+        ``SWEMU_BROADCAST=0`` turns it off, and so does a capture (``--pcap``
+        records every worker's copy, as the switch's ports would carry them)."""
+        if os.environ.get("SWEMU_BROADCAST", "1") == "0" or not fastio.AVAILABLE:
+            return
+        if self._pcap is not None:
+            return
+        try:
+            bound = ipaddress.IPv4Address(self.host)
+        except ValueError:
+            return
+        if not bound.is_loopback or self.advertise_ip not in (None, self.host):
+            return
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+        self.engine.broadcast_ports = hold_broadcast_port
+
     async def start(self) -> None:
         """Bind the ports, compile the kernels and start serving."""
         self._loop = asyncio.get_running_loop()
@@ -223,6 +244,7 @@ class Emulator:
         self._sock = bind_udp(self.host, self.requested_port)
         self.port = self._sock.getsockname()[1]
         self.started_at = time.monotonic()
+        self._enable_broadcast()
         # made before the control plane (which may configure it), started after it
         self._data = DataPlane(self.engine, self._sock, self._loop)
         try:

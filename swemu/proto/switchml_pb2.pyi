@@ -1,10 +1,9 @@
-from collections.abc import Iterable as _Iterable
-from typing import ClassVar as _ClassVar
-
-from google.protobuf import descriptor as _descriptor
-from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -18,7 +17,6 @@ class PacketSize(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EMU_4096: _ClassVar[PacketSize]
     EMU_8192: _ClassVar[PacketSize]
     EMU_16384: _ClassVar[PacketSize]
-
 MTU_128: PacketSize
 MTU_256: PacketSize
 MTU_512: PacketSize
@@ -29,18 +27,7 @@ EMU_8192: PacketSize
 EMU_16384: PacketSize
 
 class RdmaSessionRequest(_message.Message):
-    __slots__ = (
-        "ipv4",
-        "mac",
-        "message_size",
-        "num_workers",
-        "packet_size",
-        "psns",
-        "qpns",
-        "rank",
-        "rkey",
-        "session_id",
-    )
+    __slots__ = ("session_id", "rank", "num_workers", "mac", "ipv4", "rkey", "packet_size", "message_size", "qpns", "psns")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
@@ -61,22 +48,10 @@ class RdmaSessionRequest(_message.Message):
     message_size: int
     qpns: _containers.RepeatedScalarFieldContainer[int]
     psns: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(
-        self,
-        session_id: int | None = ...,
-        rank: int | None = ...,
-        num_workers: int | None = ...,
-        mac: int | None = ...,
-        ipv4: int | None = ...,
-        rkey: int | None = ...,
-        packet_size: PacketSize | str | None = ...,
-        message_size: int | None = ...,
-        qpns: _Iterable[int] | None = ...,
-        psns: _Iterable[int] | None = ...,
-    ) -> None: ...
+    def __init__(self, session_id: _Optional[int] = ..., rank: _Optional[int] = ..., num_workers: _Optional[int] = ..., mac: _Optional[int] = ..., ipv4: _Optional[int] = ..., rkey: _Optional[int] = ..., packet_size: _Optional[_Union[PacketSize, str]] = ..., message_size: _Optional[int] = ..., qpns: _Optional[_Iterable[int]] = ..., psns: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RdmaSessionResponse(_message.Message):
-    __slots__ = ("ipv4", "mac", "psns", "qpns", "rkeys", "session_id")
+    __slots__ = ("session_id", "mac", "ipv4", "rkeys", "qpns", "psns")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MAC_FIELD_NUMBER: _ClassVar[int]
     IPV4_FIELD_NUMBER: _ClassVar[int]
@@ -89,27 +64,10 @@ class RdmaSessionResponse(_message.Message):
     rkeys: _containers.RepeatedScalarFieldContainer[int]
     qpns: _containers.RepeatedScalarFieldContainer[int]
     psns: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(
-        self,
-        session_id: int | None = ...,
-        mac: int | None = ...,
-        ipv4: int | None = ...,
-        rkeys: _Iterable[int] | None = ...,
-        qpns: _Iterable[int] | None = ...,
-        psns: _Iterable[int] | None = ...,
-    ) -> None: ...
+    def __init__(self, session_id: _Optional[int] = ..., mac: _Optional[int] = ..., ipv4: _Optional[int] = ..., rkeys: _Optional[_Iterable[int]] = ..., qpns: _Optional[_Iterable[int]] = ..., psns: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class UdpSessionRequest(_message.Message):
-    __slots__ = (
-        "ipv4",
-        "mac",
-        "num_workers",
-        "packet_size",
-        "pool_size",
-        "rank",
-        "session_id",
-        "udp_port",
-    )
+    __slots__ = ("session_id", "rank", "num_workers", "mac", "ipv4", "packet_size", "udp_port", "pool_size", "loopback_broadcast")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
@@ -118,6 +76,7 @@ class UdpSessionRequest(_message.Message):
     PACKET_SIZE_FIELD_NUMBER: _ClassVar[int]
     UDP_PORT_FIELD_NUMBER: _ClassVar[int]
     POOL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LOOPBACK_BROADCAST_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     rank: int
     num_workers: int
@@ -126,35 +85,22 @@ class UdpSessionRequest(_message.Message):
     packet_size: PacketSize
     udp_port: int
     pool_size: int
-    def __init__(
-        self,
-        session_id: int | None = ...,
-        rank: int | None = ...,
-        num_workers: int | None = ...,
-        mac: int | None = ...,
-        ipv4: int | None = ...,
-        packet_size: PacketSize | str | None = ...,
-        udp_port: int | None = ...,
-        pool_size: int | None = ...,
-    ) -> None: ...
+    loopback_broadcast: bool
+    def __init__(self, session_id: _Optional[int] = ..., rank: _Optional[int] = ..., num_workers: _Optional[int] = ..., mac: _Optional[int] = ..., ipv4: _Optional[int] = ..., packet_size: _Optional[_Union[PacketSize, str]] = ..., udp_port: _Optional[int] = ..., pool_size: _Optional[int] = ..., loopback_broadcast: _Optional[bool] = ...) -> None: ...
 
 class UdpSessionResponse(_message.Message):
-    __slots__ = ("data_ports", "ipv4", "mac", "session_id")
+    __slots__ = ("session_id", "mac", "ipv4", "data_ports", "broadcast_port")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MAC_FIELD_NUMBER: _ClassVar[int]
     IPV4_FIELD_NUMBER: _ClassVar[int]
     DATA_PORTS_FIELD_NUMBER: _ClassVar[int]
+    BROADCAST_PORT_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     mac: int
     ipv4: int
     data_ports: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(
-        self,
-        session_id: int | None = ...,
-        mac: int | None = ...,
-        ipv4: int | None = ...,
-        data_ports: _Iterable[int] | None = ...,
-    ) -> None: ...
+    broadcast_port: int
+    def __init__(self, session_id: _Optional[int] = ..., mac: _Optional[int] = ..., ipv4: _Optional[int] = ..., data_ports: _Optional[_Iterable[int]] = ..., broadcast_port: _Optional[int] = ...) -> None: ...
 
 class BarrierRequest(_message.Message):
     __slots__ = ("num_workers", "session_id")
@@ -162,14 +108,14 @@ class BarrierRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     num_workers: int
     session_id: int
-    def __init__(self, num_workers: int | None = ..., session_id: int | None = ...) -> None: ...
+    def __init__(self, num_workers: _Optional[int] = ..., session_id: _Optional[int] = ...) -> None: ...
 
 class BarrierResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class BroadcastRequest(_message.Message):
-    __slots__ = ("num_workers", "rank", "root", "session_id", "value")
+    __slots__ = ("value", "rank", "num_workers", "root", "session_id")
     VALUE_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
@@ -180,17 +126,10 @@ class BroadcastRequest(_message.Message):
     num_workers: int
     root: int
     session_id: int
-    def __init__(
-        self,
-        value: int | None = ...,
-        rank: int | None = ...,
-        num_workers: int | None = ...,
-        root: int | None = ...,
-        session_id: int | None = ...,
-    ) -> None: ...
+    def __init__(self, value: _Optional[int] = ..., rank: _Optional[int] = ..., num_workers: _Optional[int] = ..., root: _Optional[int] = ..., session_id: _Optional[int] = ...) -> None: ...
 
 class BroadcastResponse(_message.Message):
     __slots__ = ("value",)
     VALUE_FIELD_NUMBER: _ClassVar[int]
     value: int
-    def __init__(self, value: int | None = ...) -> None: ...
+    def __init__(self, value: _Optional[int] = ...) -> None: ...
