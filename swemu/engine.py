@@ -38,6 +38,7 @@ released), "add" (and max-reduce the exponents) otherwise.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -252,6 +253,9 @@ class SwitchEngine:
         # in use, or 0.
         self.broadcast_ports: Callable[[set[int]], tuple[Any, int]] | None = None
         self.job_bcast = np.zeros(self.config.max_jobs, np.int32)
+        # ports of freed jobs, not given again soon: a worker of a dropped job may
+        # still have a socket on its port and must not receive a new job's results
+        self._recent_bcast: collections.deque[int] = collections.deque(maxlen=1024)
         self.shard = np.zeros(2, np.int64)
         self.shard[K.SH_COUNT] = count
         self.shard[K.SH_INDEX] = index
@@ -407,7 +411,7 @@ class SwitchEngine:
         self.worker_counters[j] = 0
         job = Job(session_id, j, w, code, pool, now, slots=held)
         if self.broadcast_ports is not None:
-            used = {jb.broadcast_port for jb in self.jobs.values()}
+            used = {jb.broadcast_port for jb in self.jobs.values()} | set(self._recent_bcast)
             job.broadcast_holder, job.broadcast_port = self.broadcast_ports(used)
         self.job_bcast[j] = 0
         self.jobs[session_id] = job
@@ -427,6 +431,7 @@ class SwitchEngine:
         if job.broadcast_holder is not None:
             job.broadcast_holder.close()
             job.broadcast_holder = None
+            self._recent_bcast.append(job.broadcast_port)
         self.job_workers[j] = 0
         self.job_pool[j] = 0
         self.job_code[j] = -1

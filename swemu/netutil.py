@@ -88,24 +88,29 @@ def mac_of_ipv4(ip: str) -> int:
 _SO_ATTACH_FILTER = 26  # asm-generic/socket.h
 
 
-def hold_broadcast_port(used: set[int], tries: int = 16) -> tuple[socket.socket | None, int]:
+def hold_broadcast_port(used: set[int], tries: int = 64) -> tuple[socket.socket | None, int]:
     """A UDP port no other job of this engine uses, held for a job's broadcast
     results: a socket bound to it with ``SO_REUSEADDR`` (so the job's workers can
     bind it too, and no socket without that option can take it meanwhile) and a
     filter that drops whatever reaches it. ``(None, 0)`` if none can be had."""
     insn = ctypes.create_string_buffer(struct.pack("HBBI", 0x06, 0, 0, 0))  # BPF: ret #0
     prog = struct.pack("HL", 1, ctypes.addressof(insn))  # struct sock_fprog
-    for _ in range(tries):
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, prog)
-            sock.bind(("0.0.0.0", 0))
-        except OSError:
+    refused: list[socket.socket] = []  # kept open meanwhile, so the kernel picks others
+    try:
+        for _ in range(tries):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, prog)
+                sock.bind(("0.0.0.0", 0))
+            except OSError:
+                sock.close()
+                return None, 0
+            port = sock.getsockname()[1]
+            if port not in used:
+                return sock, port
+            refused.append(sock)
+        return None, 0
+    finally:
+        for sock in refused:
             sock.close()
-            return None, 0
-        port = sock.getsockname()[1]
-        if port not in used:
-            return sock, port
-        sock.close()
-    return None, 0
