@@ -32,6 +32,19 @@ def _jobs(emu) -> dict[int, dict]:
     return {j["session_id"]: j["counters"] for j in json.loads(out)["jobs"]}
 
 
+def _register(ctl, sid: int, rank: int, nw: int, port: int, ip: int = 0x7F000001, ask=True):
+    """UdpSession of one rank, size code 0, asking for loopback broadcast or not."""
+    return ctl.register(
+        session_id=sid,
+        rank=rank,
+        num_workers=nw,
+        ipv4=ip,
+        udp_port=port,
+        packet_size=0,
+        loopback_broadcast=ask,
+    )
+
+
 def _run_job(emu, session_id: int, inputs: list[np.ndarray], out: dict) -> None:
     """One job: a thread per rank, each allreducing its input twice (the set parity
     and the broadcast socket carry over between calls)."""
@@ -132,15 +145,7 @@ def test_one_datagram_per_result_unless_egress_faults_are_set():
     eng.broadcast_ports = hold_broadcast_port
     ctl = eng.controller
     for rank in range(2):
-        s = ctl.register(
-            session_id=9,
-            rank=rank,
-            num_workers=2,
-            ipv4=0x7F000001,
-            udp_port=6000 + rank,
-            packet_size=0,
-            loopback_broadcast=True,
-        )
+        s = _register(ctl, 9, rank, 2, 6000 + rank)
     port, j = ctl.broadcast_port(s), s.handle.index
 
     def complete(slot_set: int) -> list:
@@ -160,24 +165,8 @@ def test_engine_offers_a_held_port_and_uses_it_only_when_every_rank_asked():
     eng = SwitchEngine(EngineConfig(pool_size=8, max_jobs=4))
     eng.broadcast_ports = hold_broadcast_port
     ctl = eng.controller
-    s1 = ctl.register(
-        session_id=1,
-        rank=0,
-        num_workers=2,
-        ipv4=0x7F000001,
-        udp_port=5001,
-        packet_size=0,
-        loopback_broadcast=True,
-    )
-    s2 = ctl.register(
-        session_id=2,
-        rank=0,
-        num_workers=1,
-        ipv4=0x7F000001,
-        udp_port=5003,
-        packet_size=0,
-        loopback_broadcast=True,
-    )
+    s1 = _register(ctl, 1, 0, 2, 5001)
+    s2 = _register(ctl, 2, 0, 1, 5003)
     p1, p2 = ctl.broadcast_port(s1), ctl.broadcast_port(s2)
     assert p1 > 0 and p2 > 0 and p1 != p2
     # held: a socket without SO_REUSEADDR cannot take it
@@ -186,29 +175,13 @@ def test_engine_offers_a_held_port_and_uses_it_only_when_every_rank_asked():
     j1, j2 = s1.handle.index, s2.handle.index
     assert eng.job_bcast[j1] == 0  # rank 1 has not registered yet
     assert eng.job_bcast[j2] == p2  # its only rank asked
-    ctl.register(
-        session_id=1,
-        rank=1,
-        num_workers=2,
-        ipv4=0x7F000001,
-        udp_port=5002,
-        packet_size=0,
-        loopback_broadcast=True,
-    )
+    _register(ctl, 1, 1, 2, 5002)
     assert eng.job_bcast[j1] == p1
     # rank 1 registers again without asking: back to unicast
-    ctl.register(session_id=1, rank=1, num_workers=2, ipv4=0x7F000001, udp_port=5002, packet_size=0)
+    _register(ctl, 1, 1, 2, 5002, ask=False)
     assert eng.job_bcast[j1] == 0
     # a worker off loopback never gets broadcast results
-    ctl.register(
-        session_id=1,
-        rank=1,
-        num_workers=2,
-        ipv4=0x0A000001,
-        udp_port=5002,
-        packet_size=0,
-        loopback_broadcast=True,
-    )
+    _register(ctl, 1, 1, 2, 5002, ip=0x0A000001)
     assert eng.job_bcast[j1] == 0
     # freeing the job frees its port
     assert ctl.release(1)
