@@ -182,6 +182,10 @@ class Target(Protocol):
     def remove_worker(self, handle: Any, rank: int) -> None:
         """Remove what :meth:`set_worker` added for ``rank``."""
 
+    def broadcast_port(self, handle: Any) -> int:
+        """The port a job's loopback workers may take its results on (127.255.255.255;
+        the emulator's extension of UdpSession); 0 where the target has none."""
+
     def set_drop_simulation(self, drops: DropSimulation) -> None:
         """Set the simulated loss (hardware without a drop simulator refuses)."""
 
@@ -384,8 +388,7 @@ class SessionController:
     def broadcast_port(self, session: Session) -> int:
         """The port a job's workers may take its results on (127.255.255.255:port,
         emulator on loopback only); 0 where the target offers none."""
-        offer = getattr(self.target, "broadcast_port", None)
-        return int(offer(session.handle)) if offer is not None else 0
+        return self.target.broadcast_port(session.handle)
 
     def release(self, session_id: int) -> bool:
         """Remove a session and free its pool; False if it does not exist."""

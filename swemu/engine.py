@@ -379,16 +379,11 @@ class SwitchEngine:
             np.zeros(2 * held, np.uint32),
             np.zeros(2 * held, np.int32),
         )
-        if isinstance(self.values, list):  # NUMBA_DISABLE_JIT: plain lists
-            self.values[j], self.exps[j], self.bitmap[j], self.count[j] = arrays
-        else:
-            K.set_pool(self.values, self.exps, self.bitmap, self.count, j, *arrays)
+        K.set_pool(self.values, self.exps, self.bitmap, self.count, j, *arrays)
 
     def pool_arrays(self, j: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``(values, exps, bitmap, count)`` of job entry ``j``: views of the
         arrays the kernels update (for snapshots and tests)."""
-        if isinstance(self.values, list):
-            return self.values[j], self.exps[j], self.bitmap[j], self.count[j]
         return K.get_pool(self.values, self.exps, self.bitmap, self.count, j)
 
     def create_job(self, session_id: int, w: int, code: int, pool: int, now: float) -> Job:

@@ -486,6 +486,9 @@ class ShardedTarget:
         del handle.workers[rank]
         self._send("remove_worker", handle.session_id, rank)
 
+    def broadcast_port(self, handle: ShardedJob) -> int:
+        return 0  # S data-plane processes: results stay per worker
+
     def set_drop_simulation(self, drops: DropSimulation) -> None:
         self.drops = drops
         self._send("drops", drops.ingress, drops.egress)

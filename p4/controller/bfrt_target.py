@@ -400,6 +400,9 @@ class TofinoTarget:
             key["hdr.udp.src_port"] = worker.udp_port
         lookup.entry_del(self.device, [self._key(lookup, **key)])
 
+    def broadcast_port(self, handle: TofinoJob) -> int:
+        return 0  # a Tofino multicasts through its replication engine
+
     def set_drop_simulation(self, drops: DropSimulation) -> None:
         if drops.active:
             raise NotImplementedError(

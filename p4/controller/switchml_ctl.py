@@ -104,6 +104,9 @@ class DryRunTarget:
         self.hardware.remove_worker(handle[0], rank)
         self.emulator.remove_worker(handle[1], rank)
 
+    def broadcast_port(self, handle: tuple[TofinoJob, Any]) -> int:
+        return self.hardware.broadcast_port(handle[0])  # what the switch would answer
+
     def set_drop_simulation(self, drops: DropSimulation) -> None:
         self.hardware.set_drop_simulation(drops)
         self.emulator.set_drop_simulation(drops)
