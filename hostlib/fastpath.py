@@ -19,7 +19,7 @@ import os
 import socket
 
 import numpy as np
-from numba import njit, types
+from numba import njit
 
 from swemu import fastio
 
@@ -238,12 +238,9 @@ def pump(
 
 
 # -------------------------------------------------------- blocking wait loop
-# libc's poll and clock_gettime, declared like fastio's recvmmsg (cached code)
-c_poll = types.ExternalFunction("poll", types.intc(types.intp, types.uintp, types.intc))
-c_clock_gettime = types.ExternalFunction("clock_gettime", types.intc(types.intc, types.intp))
-CLOCK_MONOTONIC = 1  # the clock of time.monotonic() (and of the event loops)
-POLLIN = 1
-POLLNVAL = 0x20
+c_poll = fastio.c_poll
+POLLIN = fastio.POLLIN
+POLLNVAL = fastio.POLLNVAL
 SLICE_MS = 100  # the longest wait without a return to Python (signals, Ctrl-C)
 
 RUN_DONE = 0  # every result is in
@@ -257,10 +254,7 @@ W_WAKEUPS = 2  # socket reads
 N_WAIT = 3
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _monotonic(ts):
-    c_clock_gettime(CLOCK_MONOTONIC, ts.ctypes.data)
-    return np.float64(ts[0]) + np.float64(ts[1]) * 1e-9
+_monotonic = fastio.monotonic
 
 
 @njit(cache=True, nogil=True)

@@ -80,7 +80,14 @@ class DataPlaneStats:
 FLAG_DUPLICATE, FLAG_EGRESS = 0, 1
 
 # columns of the compiled loop's stats array
-S_BATCHES, S_PACKETS, S_SENT, S_SEND_DROPS = 0, 1, 2, 3
+S_BATCHES, S_PACKETS, S_SENT, S_SEND_DROPS, S_POLLS = 0, 1, 2, 3, 4
+N_STATS = 5
+
+# A serve slice (see _slice_next): after draining the socket, the compiled loop
+# waits up to IDLE_MS for the next datagram itself instead of returning to the
+# event loop, for at most SLICE_MS in all. SWEMU_SLICE_MS=0 turns it off.
+SLICE_MS = float(os.environ.get("SWEMU_SLICE_MS", "5"))
+IDLE_MS = 1
 
 
 @njit(cache=True, nogil=True)
@@ -334,6 +341,36 @@ def _step(
 
 
 @njit(cache=True, nogil=True)
+def _slice_next(fd, more, t_end, idle_ms, ts, pollfd, stats):
+    """Whether a drain loop goes on after a pass: the clock if so, -1.0 to
+    return to the event loop.
+
+    A readiness callback from the event loop costs tens of microseconds of
+    interpreter work (the dispatcher unboxes some sixty arrays), and under
+    traffic the socket is readable again microseconds after it was drained:
+    returning to the loop after every drain was a fifth of the emulator's CPU.
+    So within a slice (``t_end`` > 0, a clock value) the loop polls the socket
+    itself, up to ``idle_ms`` per wait: it returns when the socket stayed idle
+    that long, when the slice is over, or when a signal interrupted the wait,
+    and the event loop (control plane, timers) waits at most the slice.
+    ``pollfd`` is one ``struct pollfd`` as int32[2], ``ts`` a timespec."""
+    if t_end <= 0.0:
+        return -1.0
+    now = fastio.monotonic(ts)
+    if now >= t_end:
+        return -1.0
+    if more:  # the pass ended on its batch limit: more is waiting, no need to poll
+        return now
+    pollfd[0] = fd
+    pollfd[1] = fastio.POLLIN
+    r = fastio.c_poll(pollfd.ctypes.data, 1, idle_ms)
+    if r <= 0 or ((pollfd[1] >> 16) & fastio.POLLNVAL) != 0:  # idle, EINTR, closed
+        return -1.0
+    stats[S_POLLS] += 1
+    return fastio.monotonic(ts)
+
+
+@njit(cache=True, nogil=True)
 def _drain(
     fd,
     max_batches,
@@ -364,6 +401,10 @@ def _drain(
     seg_max,
     stats,
     counts,
+    slice_s,
+    idle_ms,
+    ts,
+    pollfd,
     buf,
     lens,
     ip,
@@ -468,61 +509,66 @@ def _drain(
         job_bcast,
     )
     tx = (tx_hdr, tx_ptr, tx_iov, tx_names, tx_cmsg, tx_cmsg_ptr, seg_max)
-    _send_due_fast(now, fd, tx, io, stats)
     total = 0
-    for _ in range(max_batches):
-        n, more = fastio.receive(
-            fd,
-            cap,
-            buf,
-            lens,
-            ip,
-            port,
-            rx_hdr,
-            rx_ptr,
-            rx_names,
-            gro,
-            g_hdr,
-            g_hdr_ptr,
-            g_names,
-            g_cmsg,
-            g_cmsg_ptr,
-            g_land,
-            g_mlens,
-            g_gso,
-            g_mip,
-            g_mport,
-            g_cursor,
-            g_addr,
-        )
-        if n == 0:
-            break
-        # with GRO in zero-copy mode (g_addr not empty) the datagrams stay where
-        # the kernel landed them; otherwise they are the rows of buf
-        m = _switch_batch(now, n, counts, io, state, g_addr if gro else g_addr[:0])
-        sent = fastio.send_batch_gso(
-            fd,
-            tx_hdr,
-            tx_ptr,
-            tx_iov,
-            tx_names,
-            tx_cmsg,
-            tx_cmsg_ptr,
-            m,
-            row_ptr,
-            row_len,
-            send_ip,
-            send_port,
-            seg_max,
-        )
-        stats[S_BATCHES] += 1
-        stats[S_PACKETS] += n
-        stats[S_SENT] += sent
-        stats[S_SEND_DROPS] += m - sent
-        total += n
-        if not more:
-            break
-    return total
+    t_end = now + slice_s if slice_s > 0.0 else 0.0
+    while True:
+        _send_due_fast(now, fd, tx, io, stats)
+        more = False
+        for _ in range(max_batches):
+            n, more = fastio.receive(
+                fd,
+                cap,
+                buf,
+                lens,
+                ip,
+                port,
+                rx_hdr,
+                rx_ptr,
+                rx_names,
+                gro,
+                g_hdr,
+                g_hdr_ptr,
+                g_names,
+                g_cmsg,
+                g_cmsg_ptr,
+                g_land,
+                g_mlens,
+                g_gso,
+                g_mip,
+                g_mport,
+                g_cursor,
+                g_addr,
+            )
+            if n == 0:
+                break
+            # with GRO in zero-copy mode (g_addr not empty) the datagrams stay where
+            # the kernel landed them; otherwise they are the rows of buf
+            m = _switch_batch(now, n, counts, io, state, g_addr if gro else g_addr[:0])
+            sent = fastio.send_batch_gso(
+                fd,
+                tx_hdr,
+                tx_ptr,
+                tx_iov,
+                tx_names,
+                tx_cmsg,
+                tx_cmsg_ptr,
+                m,
+                row_ptr,
+                row_len,
+                send_ip,
+                send_port,
+                seg_max,
+            )
+            stats[S_BATCHES] += 1
+            stats[S_PACKETS] += n
+            stats[S_SENT] += sent
+            stats[S_SEND_DROPS] += m - sent
+            total += n
+            if not more:
+                break
+        now = _slice_next(fd, more, t_end, idle_ms, ts, pollfd, stats)
+        if now < 0.0:
+            return total
 
 
 @njit(cache=True, nogil=True)
@@ -562,64 +608,73 @@ def _echo_drain(
     base,
     stride,
     stats,
+    slice_s,
+    idle_ms,
+    ts,
+    pollfd,
 ):
-    """The same I/O path as :func:`_drain` with the switch replaced by an echo:
-    every datagram goes back to its sender. The baseline of ``bench`` that
-    isolates the cost of aggregation from the cost of moving packets."""
+    """The same I/O path as :func:`_drain` (serve slices included) with the
+    switch replaced by an echo: every datagram goes back to its sender. The
+    baseline of ``bench`` that isolates the cost of aggregation from the cost
+    of moving packets."""
     total = 0
-    for _ in range(max_batches):
-        n, more = fastio.receive(
-            fd,
-            cap,
-            buf,
-            lens,
-            ip,
-            port,
-            rx_hdr,
-            rx_ptr,
-            rx_names,
-            gro,
-            g_hdr,
-            g_hdr_ptr,
-            g_names,
-            g_cmsg,
-            g_cmsg_ptr,
-            g_land,
-            g_mlens,
-            g_gso,
-            g_mip,
-            g_mport,
-            g_cursor,
-            g_addr,
-        )
-        if n == 0:
-            break
-        for r in range(n):
-            row_ptr[r] = base + stride * r
-            row_len[r] = lens[r]
-        sent = fastio.send_batch_gso(
-            fd,
-            tx_hdr,
-            tx_ptr,
-            tx_iov,
-            tx_names,
-            tx_cmsg,
-            tx_cmsg_ptr,
-            n,
-            row_ptr,
-            row_len,
-            ip,
-            port,
-            seg_max,
-        )
-        stats[S_BATCHES] += 1
-        stats[S_PACKETS] += n
-        stats[S_SENT] += sent
-        stats[S_SEND_DROPS] += n - sent
-        total += n
-        if not more:
-            break
-    return total
+    t_end = fastio.monotonic(ts) + slice_s if slice_s > 0.0 else 0.0
+    while True:
+        more = False
+        for _ in range(max_batches):
+            n, more = fastio.receive(
+                fd,
+                cap,
+                buf,
+                lens,
+                ip,
+                port,
+                rx_hdr,
+                rx_ptr,
+                rx_names,
+                gro,
+                g_hdr,
+                g_hdr_ptr,
+                g_names,
+                g_cmsg,
+                g_cmsg_ptr,
+                g_land,
+                g_mlens,
+                g_gso,
+                g_mip,
+                g_mport,
+                g_cursor,
+                g_addr,
+            )
+            if n == 0:
+                break
+            for r in range(n):
+                row_ptr[r] = base + stride * r
+                row_len[r] = lens[r]
+            sent = fastio.send_batch_gso(
+                fd,
+                tx_hdr,
+                tx_ptr,
+                tx_iov,
+                tx_names,
+                tx_cmsg,
+                tx_cmsg_ptr,
+                n,
+                row_ptr,
+                row_len,
+                ip,
+                port,
+                seg_max,
+            )
+            stats[S_BATCHES] += 1
+            stats[S_PACKETS] += n
+            stats[S_SENT] += sent
+            stats[S_SEND_DROPS] += n - sent
+            total += n
+            if not more:
+                break
+        if _slice_next(fd, more, t_end, idle_ms, ts, pollfd, stats) < 0.0:
+            return total
 
 
 class DataPlane:
@@ -676,7 +731,10 @@ class DataPlane:
         self._row_len = np.zeros_like(self._row_ptr)
         self._send_ip = np.zeros(len(self._row_ptr), np.uint32)
         self._send_port = np.zeros(len(self._row_ptr), np.int32)
-        self._fast_stats = np.zeros(4, np.int64)
+        self._fast_stats = np.zeros(N_STATS, np.int64)
+        self._ts = np.zeros(2, np.int64)  # struct timespec
+        self._pollfd = np.zeros(2, np.int32)  # struct pollfd
+        self._callbacks = 0  # readiness callbacks from the event loop
         self._counts = np.zeros(2, np.int64)
         self._flush_handle: asyncio.TimerHandle | None = None
         self._flush_due = 0.0
@@ -786,7 +844,7 @@ class DataPlane:
         self.gro = self.gro or on
 
     def _on_readable(self) -> None:
-        self.stats.wakeups += 1
+        self._callbacks += 1
         if self.echo:
             self._echo()
         elif self.fast and self.tap is None:
@@ -820,10 +878,17 @@ class DataPlane:
             self.gso_segments,
             self._fast_stats,
             self._counts,
+            *self._slice_args(),
             *self._io(),
             *self.engine.kernel_state(),
         )
         self._sync_stats()
+
+    def _slice_args(self) -> tuple:
+        """Serve-slice arguments of the compiled drains (:func:`_slice_next`): no
+        slice while a delay queue exists (its due packets need the loop's timer)."""
+        slice_s = SLICE_MS / 1000.0 if self.queue.len.shape[0] == 0 else 0.0
+        return slice_s, IDLE_MS, self._ts, self._pollfd
 
     def _receive_portable(self) -> int:
         b, n = self.batch, 0
@@ -908,6 +973,7 @@ class DataPlane:
             b.buf.ctypes.data,
             b.buf.strides[0],
             self._fast_stats,
+            *self._slice_args(),
         )
         self._sync_stats()
 
@@ -985,6 +1051,8 @@ class DataPlane:
     def _sync_stats(self) -> None:
         st = self._fast_stats
         self.stats.batches = int(st[S_BATCHES])
+        # wakeups: the event loop's callbacks and the waits within serve slices
+        self.stats.wakeups = self._callbacks + int(st[S_POLLS])
         self.stats.send_errors = int(st[S_SEND_DROPS])
 
 

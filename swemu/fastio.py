@@ -57,6 +57,22 @@ _sig_send = types.intc(types.intc, types.intp, types.uintc, types.intc)
 c_sendmmsg = types.ExternalFunction("sendmmsg", _sig_send)
 
 
+# libc's poll and clock_gettime, for compiled loops that wait for their socket
+# themselves (the worker's blocking wait, the emulator's serve slice)
+c_poll = types.ExternalFunction("poll", types.intc(types.intp, types.uintp, types.intc))
+c_clock_gettime = types.ExternalFunction("clock_gettime", types.intc(types.intc, types.intp))
+CLOCK_MONOTONIC = 1  # the clock of time.monotonic() and of the event loops (uvloop's too)
+POLLIN = 1
+POLLNVAL = 0x20
+
+
+@njit(cache=True, nogil=True, inline="always")
+def monotonic(ts):
+    """CLOCK_MONOTONIC in seconds; ``ts`` is a ``struct timespec`` as int64[2]."""
+    c_clock_gettime(CLOCK_MONOTONIC, ts.ctypes.data)
+    return np.float64(ts[0]) + np.float64(ts[1]) * 1e-9
+
+
 SOL_UDP = 17
 UDP_SEGMENT = 103  # linux/udp.h: gso_size, as a socket option or a cmsg (Linux 4.18+)
 CMSG_SPACE_U16 = 24  # CMSG_SPACE(sizeof(uint16_t)) on 64-bit Linux
