@@ -91,9 +91,16 @@ class Fabric:
             self._seq += 1
             heapq.heappush(self._events, (when, self._seq, direction, who, data))
 
-    def allreduce(self, inputs: list[np.ndarray], max_time: float = 600.0) -> list[np.ndarray]:
-        """Run one allreduce of ``inputs`` (one per worker) to completion."""
-        ops = [p.allreduce(x, None, self.now) for p, x in zip(self.protos, inputs)]
+    def allreduce(
+        self,
+        inputs: list[np.ndarray],
+        max_time: float = 600.0,
+        outs: list[np.ndarray] | None = None,
+    ) -> list[np.ndarray]:
+        """Run one allreduce of ``inputs`` (one per worker) to completion, into
+        ``outs`` if given."""
+        outs_in = outs or [None] * len(inputs)
+        ops = [p.allreduce(x, o, self.now) for p, x, o in zip(self.protos, inputs, outs_in)]
         outs = [op.of if op.is_float else op.oi for op in ops]
         for r, op in enumerate(ops):
             for pkt in op.packets(op.initial(self.now)):

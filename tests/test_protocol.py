@@ -80,6 +80,35 @@ def test_float32_equals_block_floating_point_model(w, n, seed, loss):
         assert np.all(np.abs(model[c : c + 32] - ex[c : c + 32]) <= quant.error_bound(m, w))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+def test_large_outputs_take_streaming_stores_at_any_alignment(dtype):
+    """Outputs of 4 MiB and more are written with streaming stores (hostlib.stream)
+    in their 64-byte-aligned middle and word by word around it: every output
+    alignment (including an output that is not even 4-byte aligned) gets the
+    same values as the model, up to the last element."""
+    from hostlib import stream
+
+    n = stream.MIN_BYTES // 4 + 4096 + 37  # a partial last chunk too
+    w = 2
+    rng = np.random.default_rng(7)
+    if dtype == np.float32:
+        xs = [rng.standard_normal(n).astype(np.float32) * 100 for _ in range(w)]
+        expect = quant.simulate_allreduce(xs, 4096)
+    else:
+        xs = int_inputs(rng, w, n)
+        expect = exact(xs)
+    fab = Fabric(w, size_code=7, window=8, seed=1)
+    for offset in (0, 4, 20, 60, 1):  # byte offsets from a 64-byte-aligned buffer
+        raw = np.zeros(4 * n + 128, np.uint8)
+        start = (-raw.ctypes.data) % 64 + offset
+        outs = [np.frombuffer(raw, dtype, n, start)]
+        outs.append(np.empty(n, dtype))
+        assert outs[0].ctypes.data % 64 == offset
+        for y in fab.allreduce(xs, outs=outs):
+            np.testing.assert_array_equal(y, expect)
+        np.testing.assert_array_equal(outs[0], expect)  # written in place
+
+
 def _answer(op, pkt, now):
     """Feed the switch's result for ``pkt`` (one worker: the sum is the packet)."""
     data = wire.encode(
