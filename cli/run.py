@@ -124,15 +124,26 @@ def run(
     if size % 4:
         raise CLIError(f"--size {size} is not a whole number of 4-byte elements")
 
+    local = not switch
     with contextlib.ExitStack() as stack:
-        if not switch:
+        if local:
             terminal.info("starting a local emulator ...")
             emu = stack.enter_context(EmulatorProcess(shards=shards))
             switch, control = emu.switch, emu.control
             shown = f"{switch} (+{shards - 1} shards on the next ports)" if shards > 1 else switch
             terminal.info(f"emulator: data {shown}, control {control}")
         results, failed = _launch(
-            workers, switch, control, packet_size, window, no_progress, size, dtype, iters, command
+            workers,
+            switch,
+            control,
+            packet_size,
+            window,
+            no_progress,
+            size,
+            dtype,
+            iters,
+            command,
+            local,
         )
     if command:
         if failed:
@@ -143,9 +154,11 @@ def run(
 
 
 def _launch(
-    workers, switch, control, packet_size, window, no_progress, size, dtype, iters, command
+    workers, switch, control, packet_size, window, no_progress, size, dtype, iters, command, local
 ):
-    """Start the workers, wait for them, collect their JSON reports."""
+    """Start the workers, wait for them, collect their JSON reports. With a
+    ``local`` emulator (which warns about small socket buffers for this
+    machine) the workers do not repeat the warning."""
     import json
     import random
     import subprocess
@@ -170,6 +183,7 @@ def _launch(
             SWITCHML_PACKET_SIZE=str(packet_size),
             SWITCHML_WINDOW=str(window),
             SWITCHML_NO_PROGRESS=str(no_progress),
+            **({"SWITCHML_BUFFER_WARNING": "0"} if local else {}),
             SWITCHML_RUN_SIZE=str(size),
             SWITCHML_RUN_DTYPE=dtype,
             SWITCHML_RUN_ITERS=str(iters),

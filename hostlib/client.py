@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
 import os
 import socket
 import time
@@ -19,7 +20,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from swemu import fastio, wire
-from swemu.netutil import mac_of_ipv4, parse_address, resolve_ipv4, set_socket_buffers
+from swemu.netutil import (
+    buffer_advice,
+    mac_of_ipv4,
+    parse_address,
+    receive_buffer,
+    resolve_ipv4,
+    set_socket_buffers,
+)
 
 from . import fastpath
 from . import kernels as K
@@ -28,6 +36,7 @@ from .errors import SwitchMLError
 from .protocol import Allreduce, Timing, WorkerProtocol, warmup
 
 BATCH = 64
+log = logging.getLogger("hostlib")
 
 
 def default_window(packet_size: int) -> int:
@@ -128,6 +137,7 @@ class AsyncContext:
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             try:
                 set_socket_buffers(sock)
+                _check_buffer(sock, o)
                 local_ip = o.bind or _route_source(probe_host)
                 sock.bind((local_ip, 0))
                 sock.setblocking(False)
@@ -433,6 +443,23 @@ class AsyncContext:
 
 
 _warm = False
+
+
+def _check_buffer(sock: socket.socket, o: Options) -> None:
+    """Warn once per process when the socket cannot hold a window of results
+    (twice its bytes: the kernel counts per-datagram overhead too); the
+    launcher that already warned sets ``SWITCHML_BUFFER_WARNING=0``."""
+    global _buffer_warned
+    if _buffer_warned or os.environ.get("SWITCHML_BUFFER_WARNING", "1") == "0":
+        return
+    need = 2 * o.window * wire.packet_len(o.packet_size)
+    advice = buffer_advice(receive_buffer(sock), need, f"worker {o.rank}")
+    if advice:
+        log.warning(advice)
+        _buffer_warned = True
+
+
+_buffer_warned = False
 
 
 def _warmup_once() -> None:

@@ -42,7 +42,7 @@ from .control import SessionService, SyncService, start_control_server
 from .dataplane import DataPlane, bind_udp
 from .engine import Batch, EngineConfig, SwitchEngine, warmup
 from .metrics import MetricsServer
-from .netutil import hold_broadcast_port
+from .netutil import SWITCH_BUFFER_BYTES, buffer_advice, hold_broadcast_port, receive_buffer
 from .pcap import DEFAULT_MAX_BYTES, DEFAULT_MAX_PACKETS, PcapWriter
 from .stats import EmulatorControlService, FaultHandler, add_to_server
 from .wire import DEFAULT_CONTROL_PORT, DEFAULT_SWITCH_MAC, DEFAULT_UDP_PORT
@@ -243,6 +243,9 @@ class Emulator:
         warmup()
         self._sock = bind_udp(self.host, self.requested_port)
         self.port = self._sock.getsockname()[1]
+        advice = buffer_advice(receive_buffer(self._sock), SWITCH_BUFFER_BYTES, "the emulator")
+        if advice:
+            log.warning(advice)
         self.started_at = time.monotonic()
         self._enable_broadcast()
         # made before the control plane (which may configure it), started after it

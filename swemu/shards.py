@@ -74,6 +74,7 @@ from .controller import (
     emulator_room,
     table_state,
 )
+from .netutil import SWITCH_BUFFER_BYTES, buffer_advice, receive_buffer
 from .wire import DEFAULT_CONTROL_PORT, DEFAULT_SWITCH_MAC, DEFAULT_UDP_PORT
 
 if TYPE_CHECKING:
@@ -674,6 +675,9 @@ class ShardedEmulator:
         loop = self._loop = asyncio.get_running_loop()
         self.failed = loop.create_future()
         socks = bind_shard_sockets(self.host, self.requested_port, self.shards)
+        advice = buffer_advice(receive_buffer(socks[0]), SWITCH_BUFFER_BYTES, "the emulator")
+        if advice:
+            log.warning(advice)
         self.ports = [s.getsockname()[1] for s in socks]
         self.port = self.ports[0]
         self.started_at = time.monotonic()

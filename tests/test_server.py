@@ -231,3 +231,36 @@ def test_serve_binds_free_ports_and_releases_them():
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.bind(("127.0.0.1", port))  # free again after shutdown
     s.close()
+
+
+def test_small_receive_buffers_are_reported_once_with_the_fix(caplog, monkeypatch):
+    """A receive buffer below what a window needs (unprivileged processes are
+    capped at net.core.rmem_max, 208 KiB on stock kernels) is named with the
+    sysctl that fixes it: by the emulator at start, by a worker once."""
+    import socket
+
+    from hostlib import client
+    from swemu.netutil import SWITCH_BUFFER_BYTES, buffer_advice, receive_buffer
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+        have = receive_buffer(s)
+        advice = buffer_advice(have, SWITCH_BUFFER_BYTES, "the emulator")
+        assert advice is not None
+        assert f"{have >> 10} KiB" in advice and "net.core.rmem_max=" in advice
+        assert buffer_advice(SWITCH_BUFFER_BYTES, SWITCH_BUFFER_BYTES, "the emulator") is None
+
+        monkeypatch.setattr(client, "_buffer_warned", False)
+        monkeypatch.delenv("SWITCHML_BUFFER_WARNING", raising=False)
+        opts = client.Options(packet_size=6, window=63)
+        with caplog.at_level("WARNING", logger="hostlib"):
+            client._check_buffer(s, opts)
+            client._check_buffer(s, opts)
+        assert [
+            r.getMessage().startswith("worker 0's UDP receive buffer") for r in caplog.records
+        ] == [True]
+        caplog.clear()
+        monkeypatch.setattr(client, "_buffer_warned", False)
+        monkeypatch.setenv("SWITCHML_BUFFER_WARNING", "0")  # a launcher already warned
+        client._check_buffer(s, opts)
+        assert not caplog.records
