@@ -23,7 +23,7 @@ import numba
 import numpy as np
 from numba import njit
 
-from .rawmem import bytes_at, words_at
+from .rawmem import bytes_at, unowned, words_at
 
 # --- per-packet actions: what the switch did with row r, and why -------------
 # (the §2 decision table; swemu.engine.Action mirrors these values)
@@ -125,12 +125,23 @@ def _add_words(acc, src):
         acc[i] = np.uint32((np.uint64(acc[i]) + _bswap32(src[i])) & np.uint64(0xFFFFFFFF))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _lookup(addr_keys, addr_vals, key):
-    """Binary search of ``key`` in the sorted address table; -1 if absent."""
-    i = np.searchsorted(addr_keys, key)
-    if i < addr_keys.shape[0] and addr_keys[i] == key:
-        return addr_vals[i]
+    """Binary search of ``key`` in the sorted address table; -1 if absent.
+
+    Written out, not ``np.searchsorted`` (a call that takes the arrays and
+    counts references to them); the per-packet caller passes the tables
+    without owners (:func:`swemu.rawmem.unowned`)."""
+    lo = 0
+    hi = addr_keys.shape[0]
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if addr_keys[mid] < key:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo < addr_keys.shape[0] and addr_keys[lo] == key:
+        return addr_vals[lo]
     return -1
 
 
@@ -212,6 +223,9 @@ def _process_batch(
     by_addr = row_addr.shape[0] > 0
     out_addr = out_buf.ctypes.data
     out_stride = out_buf.strides[0]
+    # the address table without owners: looked up twice per packet
+    keys = unowned(addr_keys)
+    ents = unowned(addr_vals)
     for r in range(n):
         out_len[r] = 0
         out_job[r] = -1
@@ -221,9 +235,9 @@ def _process_batch(
         global_counters[G_PKTS_IN] += 1
         # 1. who sent it: (ip, port) first, then (ip, 0) for IP-only workers
         ip = np.uint64(src_ip[r])
-        ent = _lookup(addr_keys, addr_vals, (ip << np.uint64(16)) | np.uint64(src_port[r]))
+        ent = _lookup(keys, ents, (ip << np.uint64(16)) | np.uint64(src_port[r]))
         if ent < 0:
-            ent = _lookup(addr_keys, addr_vals, ip << np.uint64(16))
+            ent = _lookup(keys, ents, ip << np.uint64(16))
         if ent < 0:
             global_counters[G_DROP_UNKNOWN_SOURCE] += 1
             action[r] = A_DROP_UNKNOWN_SOURCE
@@ -285,6 +299,9 @@ def _process_batch(
             cnt = count[j]
             vals = values[j]
             ex = exps[j]
+            # the slots' words by address (words_at): a slice of ``vals`` per
+            # packet would count references to it
+            vals_addr = vals.ctypes.data
         me = np.uint32(1) << np.uint32(w)
         k = s * pool + local
         k_other = (1 - s) * pool + local
@@ -303,17 +320,17 @@ def _process_batch(
                 last = c == 1
                 cnt[k] = c - 1
         # 6. aggregation: write after release, add otherwise, nothing on retransmission
-        base = k * nvals
+        acc = words_at(vals_addr + 4 * k * nvals, nvals)
         e0 = np.int8(row[8])
         e1 = np.int8(row[9])
         if not retrans:
             words = words_at(at + HEADER_LEN, nvals)
             if before == 0:
-                _write_words(vals[base : base + nvals], words)
+                _write_words(acc, words)
                 ex[2 * k] = e0
                 ex[2 * k + 1] = e1
             else:
-                _add_words(vals[base : base + nvals], words)
+                _add_words(acc, words)
                 if e0 > ex[2 * k]:
                     ex[2 * k] = e0
                 if e1 > ex[2 * k + 1]:
@@ -338,10 +355,7 @@ def _process_batch(
         out_buf[r, 7] = slot & 0xFF
         out_buf[r, 8] = np.uint8(np.int64(ex[2 * k]) & 0xFF)
         out_buf[r, 9] = np.uint8(np.int64(ex[2 * k + 1]) & 0xFF)
-        _write_words(
-            words_at(out_addr + r * out_stride + HEADER_LEN, nvals),
-            vals[base : base + nvals],
-        )
+        _write_words(words_at(out_addr + r * out_stride + HEADER_LEN, nvals), acc)
         out_len[r] = plen
         if retrans:
             action[r] = A_UNICAST

@@ -41,3 +41,12 @@ def bytes_at(addr, n):
     """``n`` bytes at address ``addr``, as an array that does not own or count
     its memory (a datagram where the kernel left it, say)."""
     return carray(_voidptr(addr), n, np.uint8)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def unowned(a):
+    """The same array as ``a`` (shape, dtype, memory), without its owner: passed
+    to or inlined into per-packet helpers, it costs no reference counting
+    (atomic instructions, each waiting for earlier stores to drain). The
+    caller keeps ``a`` alive."""
+    return carray(_voidptr(a.ctypes.data), a.shape, a.dtype)
