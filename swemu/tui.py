@@ -339,6 +339,10 @@ def _job_panel(job: dict[str, Any], rates: dict[str, float] | None) -> Panel:
         .append_text(
             _pairs(
                 ("multicast", fmt_count(c.get("multicast", 0))),
+                *(
+                    # multicasts sent once to the job's loopback-broadcast port
+                    [("broadcast", fmt_count(c["broadcast"]))] if c.get("broadcast") else []
+                ),
                 ("unicast", fmt_count(c.get("unicast", 0))),
             )
         )

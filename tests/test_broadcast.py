@@ -7,6 +7,7 @@ jobs must never see each other's results."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from workers import rank_input
 import hostlib
 from swemu.engine import EngineConfig, SwitchEngine
 from swemu.netutil import hold_broadcast_port
+from swemu.tui import fmt_count
 
 
 def _jobs(emu) -> dict[int, dict]:
@@ -99,6 +101,17 @@ def test_two_concurrent_broadcast_jobs_stay_exact_and_apart(emulator):
         # every multicast went out once, counted as the copies it stands for
         assert c["broadcast"] == c["multicast"] > 0
         assert c["pkts_out"] == c["multicast"] * len(x) + c["unicast"]
+    text = subprocess.run(  # the text view shows them on each job's results line
+        [sys.executable, "-m", "cli.main", "stats", "--control", emulator.control],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "COLUMNS": "160"},
+    ).stdout
+    for sid in jobs:
+        c = counters[sid]
+        want = f"multicast {fmt_count(c['multicast'])}   broadcast {fmt_count(c['broadcast'])}"
+        assert want in text, text
 
 
 def test_a_worker_that_does_not_ask_keeps_its_job_on_unicast(emulator, monkeypatch):
