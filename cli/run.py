@@ -165,7 +165,7 @@ def _launch(
     import sys
     import time
 
-    from swemu.launch import child_env
+    from swemu.launch import CHILD_CWD, child_env
 
     from ._worker import RESULT_PREFIX
 
@@ -197,6 +197,7 @@ def _launch(
                     stdin=subprocess.DEVNULL,
                     stdout=None if command else subprocess.PIPE,
                     text=True,
+                    cwd=None if command else CHILD_CWD,  # the user's command runs where they are
                 )
             )
         except OSError as exc:

@@ -77,7 +77,7 @@ class EmulatorProcess:
             *self.extra,
         ]
         self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stderr=self.stderr, env=child_env()
+            cmd, stdin=subprocess.DEVNULL, stderr=self.stderr, env=child_env(), cwd=CHILD_CWD
         )
         deadline = time.monotonic() + self.startup_timeout
         while not ready.exists():
@@ -112,6 +112,13 @@ class EmulatorProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# where child processes of ours start: ``python -m`` puts the working directory
+# first on sys.path, and a user's ``random.py`` (or a scratch ``nt.py``, which
+# pathlib's import probes for) would shadow the standard library in the child.
+# The project root is on the children's path anyway (child_env).
+CHILD_CWD = str(Path(__file__).resolve().parent.parent)
 
 
 def child_env(**extra: str) -> dict[str, str]:

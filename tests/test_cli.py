@@ -202,3 +202,19 @@ def test_run_command_mode_reports_failing_workers(tmp_path):
     assert p.returncode == 1 and "Traceback" not in p.stderr
     last = p.stderr.strip().splitlines()[-1]
     assert last == "error: 1 of 2 workers failed: rank 1 (exit 3)"
+
+
+def test_run_ignores_modules_in_the_working_directory(tmp_path):
+    """``python -m`` puts the working directory first on sys.path: the emulator
+    and the built-in workers start elsewhere, so a user's scratch module that
+    shadows the standard library (here ``nt``, which pathlib's import probes
+    for) does not break them."""
+    (tmp_path / "nt.py").write_text(
+        "import os, sys\n"
+        "if os.environ.get('SWITCHML_RUN_SIZE') or 'serve' in sys.argv:\n"
+        "    raise RuntimeError('the working directory shadowed the standard library')\n"
+        "raise ImportError  # what the probe expects off Windows\n"
+    )
+    p = run([*SWITCHML, "run", "--workers", "2", "--size", "64Ki", "--iters", "1"], cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "verified 1 results" in p.stderr
