@@ -303,9 +303,7 @@ class AsyncContext:
             return result
         fd = self._sock.fileno()
         io = self._io
-        self.stale += io.discard(fd)  # what arrived between calls, as the reader would
-        if io.bfd >= 0:
-            self.stale += io.discard(io.bfd)
+        self.stale += io.discard_all(fd)  # what arrived between calls, as the reader would
         state = np.zeros(fastpath.N_WAIT)
         state[fastpath.W_NOW] = state[fastpath.W_PROGRESS] = now
         no_progress = self.protocol.timing.no_progress
@@ -404,9 +402,7 @@ class AsyncContext:
         op = self._op
         io = self._io
         if op is None:  # between calls: count and drop
-            self.stale += io.discard(fd)
-            if io.bfd >= 0:
-                self.stale += io.discard(io.bfd)
+            self.stale += io.discard_all(fd)
             return
         now = self._loop.time()
         before = op.counters[K.K_RESULTS]

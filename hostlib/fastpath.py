@@ -238,9 +238,6 @@ def pump(
 
 
 # -------------------------------------------------------- blocking wait loop
-c_poll = fastio.c_poll
-POLLIN = fastio.POLLIN
-POLLNVAL = fastio.POLLNVAL
 SLICE_MS = 100  # the longest wait without a return to Python (signals, Ctrl-C)
 
 RUN_DONE = 0  # every result is in
@@ -252,9 +249,6 @@ W_NOW = 0  # the clock when the loop returned
 W_PROGRESS = 1  # when a result last arrived (Allreduce.last_progress)
 W_WAKEUPS = 2  # socket reads
 N_WAIT = 3
-
-
-_monotonic = fastio.monotonic
 
 
 @njit(cache=True, nogil=True)
@@ -345,7 +339,7 @@ def wait_and_pump(
     ``ts`` a ``struct timespec`` as int64[2]."""
     pollfd[0] = fd
     while True:
-        now = _monotonic(ts)
+        now = fastio.monotonic(ts)
         state[W_NOW] = now
         if counters[K.K_RESULTS] >= expected:
             return RUN_DONE
@@ -354,19 +348,19 @@ def wait_and_pump(
         shared = bfd >= 0
         if now < due:
             wait = min(math.ceil((due - now) * 1000.0), SLICE_MS)
-            pollfd[1] = POLLIN
+            pollfd[1] = fastio.POLLIN
             pollfd[2] = bfd  # negative: poll skips the entry
-            pollfd[3] = POLLIN
-            r = c_poll(pollfd.ctypes.data, 2, wait)
-            closed = r > 0 and ((pollfd[1] >> 16) & POLLNVAL) != 0  # closed meanwhile
+            pollfd[3] = fastio.POLLIN
+            r = fastio.c_poll(pollfd.ctypes.data, 2, wait)
+            closed = r > 0 and ((pollfd[1] >> 16) & fastio.POLLNVAL) != 0  # closed meanwhile
             if r < 0 or closed or (r == 0 and wait == SLICE_MS):  # or EINTR, or slice over
-                state[W_NOW] = _monotonic(ts)
+                state[W_NOW] = fastio.monotonic(ts)
                 return RUN_RETURN
             if r == 0:
                 continue
             own = (pollfd[1] >> 16) != 0  # revents
             shared = bfd >= 0 and (pollfd[3] >> 16) != 0
-            now = _monotonic(ts)
+            now = fastio.monotonic(ts)
         # readable, or a deadline is due: read first (results may be waiting
         # after this process was descheduled; resending their packets is spurious)
         before = counters[K.K_RESULTS]
@@ -535,6 +529,10 @@ class FastIO:
     def send(self, fd: int, send: np.ndarray, n: int) -> int:
         """Send the packets of the first ``n`` slots in ``send``."""
         return send_slots(fd, *self.tx_args, send, n, *self.slot_args)
+
+    def discard_all(self, fd: int) -> int:
+        """:meth:`discard` the worker's socket ``fd`` and its broadcast socket, if any."""
+        return self.discard(fd) + (self.discard(self.bfd) if self.bfd >= 0 else 0)
 
     def discard(self, fd: int) -> int:
         """Drain the socket between calls; return how many datagrams were dropped."""

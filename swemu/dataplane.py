@@ -340,6 +340,13 @@ def _step(
     return _switch_batch(now, n, counts, io, state, np.zeros(0, np.int64))
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _slice_end(slice_s, ts):
+    """When a serve slice of ``slice_s`` seconds that starts now ends (0.0: no
+    slice), on the clock :func:`_slice_next` reads."""
+    return fastio.monotonic(ts) + slice_s if slice_s > 0.0 else 0.0
+
+
 @njit(cache=True, nogil=True)
 def _slice_next(fd, more, t_end, idle_ms, ts, pollfd, stats):
     """Whether a drain loop goes on after a pass: the clock if so, -1.0 to
@@ -510,7 +517,7 @@ def _drain(
     )
     tx = (tx_hdr, tx_ptr, tx_iov, tx_names, tx_cmsg, tx_cmsg_ptr, seg_max)
     total = 0
-    t_end = now + slice_s if slice_s > 0.0 else 0.0
+    t_end = _slice_end(slice_s, ts)
     while True:
         _send_due_fast(now, fd, tx, io, stats)
         more = False
@@ -618,7 +625,7 @@ def _echo_drain(
     baseline of ``bench`` that isolates the cost of aggregation from the cost
     of moving packets."""
     total = 0
-    t_end = fastio.monotonic(ts) + slice_s if slice_s > 0.0 else 0.0
+    t_end = _slice_end(slice_s, ts)
     while True:
         more = False
         for _ in range(max_batches):
