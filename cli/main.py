@@ -8,6 +8,7 @@ status instead of a traceback.
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 from pathlib import Path
 
@@ -63,10 +64,26 @@ def switchml() -> None:
     """switchml: run SwitchML workers against an emulator or a Tofino."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is, so that it unwinds like Ctrl-C:
+    ``switchml run`` and the benchmarks stop their workers and their local
+    emulator instead of leaving them running. (``serve`` installs its own
+    handlers in its event loop.)"""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated
+
+
 def _main(group: click.Group) -> None:
+    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         rc = group.main(standalone_mode=False)
-    except click.exceptions.Abort:
+    except (Terminated, click.exceptions.Abort) as exc:
+        # click turns KeyboardInterrupt (and so Terminated) into Abort
+        if isinstance(exc, Terminated) or isinstance(exc.__cause__, Terminated):
+            terminal.error("terminated")
+            sys.exit(143)
         terminal.error("aborted")
         sys.exit(130)
     except click.ClickException as exc:

@@ -217,9 +217,11 @@ def _launch(
                 for p in procs:
                     if p.poll() is None:
                         p.kill()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cli.main.Terminated)
         for p in procs:
             p.kill()
+        for p in procs:
+            p.wait()
         raise
     for rank, p in enumerate(procs):
         if not command:

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -218,3 +219,62 @@ def test_run_ignores_modules_in_the_working_directory(tmp_path):
     p = run([*SWITCHML, "run", "--workers", "2", "--size", "64Ki", "--iters", "1"], cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert "verified 1 results" in p.stderr
+
+
+def _children(pid: int) -> list[int]:
+    """PIDs whose parent is ``pid`` (from /proc)."""
+    kids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                kids.append(int(d.name))
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+def test_run_on_sigterm_stops_its_workers_and_emulator(tmp_path):
+    """SIGTERM to ``switchml run`` (a job scheduler's stop) unwinds like Ctrl-C:
+    the workers and the local emulator go with it, and it says so in one line."""
+    script = tmp_path / "user.py"
+    script.write_text(
+        "import os, pathlib, time\n"
+        "pathlib.Path(os.environ['MARK'] + os.environ['RANK']).touch()\n"
+        "time.sleep(600)\n"
+    )
+    env = child_env(MARK=str(tmp_path / "started-"))
+    proc = subprocess.Popen(
+        [*SWITCHML, "run", "--workers", "2", "--", sys.executable, str(script)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob("started-*"))) < 2 and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.05)
+        kids = _children(proc.pid)
+        assert len(kids) == 3  # the emulator and two workers
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "error: terminated"
+    deadline = time.monotonic() + 10
+    while any(_alive(k) for k in kids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(k) for k in kids)
