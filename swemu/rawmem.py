@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.core.errors import TypingError
+from numba.extending import intrinsic, overload
 
 
 @intrinsic
@@ -43,10 +44,24 @@ def bytes_at(addr, n):
     return carray(_voidptr(addr), n, np.uint8)
 
 
-@njit(cache=True, nogil=True, inline="always")
 def unowned(a):
     """The same array as ``a`` (shape, dtype, memory), without its owner: passed
     to or inlined into per-packet helpers, it costs no reference counting
     (atomic instructions, each waiting for earlier stores to drain). The
-    caller keeps ``a`` alive."""
-    return carray(_voidptr(a.ctypes.data), a.shape, a.dtype)
+    caller keeps ``a`` alive. In compiled code only (an overload); anything
+    that is not an array passes through unchanged, and an array that is not
+    C-contiguous is a typing error. Called from Python it returns ``a``."""
+    return a
+
+
+@overload(unowned, inline="always")
+def _unowned(a):
+    if not isinstance(a, types.Array):
+        return lambda a: a
+    if a.layout != "C":
+        raise TypingError(f"unowned needs a C-contiguous array, not {a}")
+
+    def impl(a):
+        return carray(_voidptr(a.ctypes.data), a.shape, a.dtype)
+
+    return impl
