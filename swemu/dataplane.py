@@ -855,7 +855,9 @@ class DataPlane:
         # the time at 1 KiB. On by default; SWEMU_GRO=0 turns it off.
         self._gro_socket = False  # UDP_GRO set on the socket now
         self.gro = False  # receive through the landing area (also while leaving GRO)
-        self._gro = fastio.GroRx(16 if self.fast else 1, batch_capacity if self.fast else 0)
+        self._gro = fastio.GroRx(
+            fastio.GRO_BATCH if self.fast else 1, batch_capacity if self.fast else 0
+        )
         if self.fast and os.environ.get("SWEMU_GRO", "1") != "0":
             self._set_gro(True)
 
