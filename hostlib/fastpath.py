@@ -545,7 +545,8 @@ class FastIO:
             ok,
             int(switch_ip),
         )
-        self.gro = fastio.GroRx(fastio.GRO_BATCH, cap) if gro else fastio.GroRx(1)  # GRO: zero copy
+        # GRO: zero copy
+        self.gro = fastio.GroRx(fastio.GRO_MESSAGES, cap) if gro else fastio.GroRx(1)
         self.gro_args = (bool(gro), *self.gro.args())  # the tail of fastio.receive's
         self.rx_args += self.gro_args
         self.tx_args = (tx.hdr, tx.hdr_ptr, tx.iov, tx.names)

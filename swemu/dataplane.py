@@ -856,7 +856,7 @@ class DataPlane:
         self._gro_socket = False  # UDP_GRO set on the socket now
         self.gro = False  # receive through the landing area (also while leaving GRO)
         self._gro = fastio.GroRx(
-            fastio.GRO_BATCH if self.fast else 1, batch_capacity if self.fast else 0
+            fastio.GRO_MESSAGES if self.fast else 1, batch_capacity if self.fast else 0
         )
         if self.fast and os.environ.get("SWEMU_GRO", "1") != "0":
             self._set_gro(True)

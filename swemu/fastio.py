@@ -304,13 +304,19 @@ def send_batch_gso(
 
 UDP_GRO = 104  # linux/udp.h: receive coalesced datagrams with their segment size (5.0+)
 GRO_MSG_BYTES = 65536  # one coalesced message is at most one IP datagram
-# Coalesced messages landed per recvmmsg (emulator and worker). Four, not sixteen:
-# the landing area is then 256 KiB instead of 1 MiB, and what the kernel copied in
-# is still in the core's cache when the kernels read it. Measured with W = 4, 64 MiB
-# float32, two emulators side by side in alternating rounds: 90-114 against 100-134 ms
-# of emulator CPU per call at 16 KiB packets (8 of 8 rounds), 189-208 against
-# 229-249 at 1 KiB; 2 and 8 were within noise of 4.
-GRO_BATCH = 4
+# Messages landed per recvmmsg (emulator and worker): up to GRO_MESSAGES, but only
+# as many as fill GRO_LAND_BYTES at the size of the last receive's messages. Coalesced
+# messages of 16 KiB datagrams are ~48 KiB each: sixteen of them spread a receive over
+# 768 KiB, which left the cache before the kernels read it, while four to five keep it
+# there. Measured with W = 4, 64 MiB float32, two emulators side by side in
+# alternating rounds, four messages against sixteen: 90-114 against 100-134 ms of
+# emulator CPU per call at 16 KiB packets (8 of 8 rounds), 189-208 against 229-249 at
+# 1 KiB (in a later, slower phase of the host the landing budget against sixteen
+# messages was within noise). Single datagrams (senders without GSO) still come
+# sixteen at a time: capping the count at four had cost bench switch its batches.
+GRO_MESSAGES = 16
+GRO_LAND_BYTES = 256 << 10
+GRO_LAND_MIN = 2  # messages per receive at least
 
 
 class GroRx:
@@ -326,10 +332,11 @@ class GroRx:
     With ``rows`` > 0 it copies nothing: it gives each datagram's address in the
     landing area instead (``addr``), valid until the next call.
 
-    ``cursor``: [next message, byte offset in it, messages landed, more] where
+    ``cursor``: [next message, byte offset in it, messages landed, more, mean
+    message length of the last receive, landing budget in bytes] where
     ``more`` is 1 while landed messages remain or the last receive was full."""
 
-    def __init__(self, capacity: int, rows: int = 0) -> None:
+    def __init__(self, capacity: int, rows: int = 0, land_bytes: int = GRO_LAND_BYTES) -> None:
         self.vec = MsgVec(capacity)
         # rows > 0: zero copy, recv_rows gives each datagram's address here
         self.addr = np.zeros(rows, np.int64)
@@ -340,7 +347,8 @@ class GroRx:
         self.gso = np.zeros(capacity, np.int32)
         self.mip = np.zeros(capacity, np.uint32)
         self.mport = np.zeros(capacity, np.int32)
-        self.cursor = np.zeros(4, np.int64)
+        self.cursor = np.zeros(6, np.int64)
+        self.cursor[5] = land_bytes  # a receive lands about this much (GRO_LAND_BYTES)
 
     def args(self, zero_copy: bool = True) -> tuple:
         """The arguments of :func:`recv_rows` before the batch's arrays;
@@ -411,19 +419,24 @@ def recv_rows(
         if cursor[0] >= cursor[2]:
             if r > 0 and (cursor[3] == 0 or zero_copy):
                 break  # the last receive was not full: the socket is (nearly) empty
-            for i in range(cap):
+            want = cap
+            if cursor[4] > 0:  # as many messages as fill the landing budget at the last size
+                want = min(cap, max(GRO_LAND_MIN, cursor[5] // cursor[4]))
+            for i in range(want):
                 hdr[i, 1] = 16
                 hdr[i, 4] = np.uint64(cmsg_ptr + CMSG_SPACE_U16 * i)
                 hdr[i, 5] = CMSG_SPACE_U16
-            n = c_recvmmsg(fd, hdr_ptr, cap, MSG_DONTWAIT, 0)
+            n = c_recvmmsg(fd, hdr_ptr, want, MSG_DONTWAIT, 0)
             cursor[0] = 0
             cursor[1] = 0
             cursor[2] = max(n, 0)
-            cursor[3] = 1 if n == cap else 0
+            cursor[3] = 1 if n == want else 0
             if n <= 0:
                 break
+            landed = 0
             for i in range(n):
                 mlens[i] = np.int32(hdr[i, 7] & np.uint64(0xFFFFFFFF))
+                landed += mlens[i]
                 g = 0
                 if hdr[i, 5] >= 20 and cmsg[i, 1] == np.uint64(SOL_UDP | (UDP_GRO << 32)):
                     g = np.int32(cmsg[i, 2] & np.uint64(0xFFFFFFFF))
@@ -436,6 +449,7 @@ def recv_rows(
                     | (np.uint32(nm[6]) << np.uint32(8))
                     | np.uint32(nm[7])
                 )
+            cursor[4] = max(1, landed // n)
         i = cursor[0]
         off = cursor[1]
         total = mlens[i]

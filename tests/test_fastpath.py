@@ -241,6 +241,47 @@ def test_recv_rows_cuts_coalesced_messages_back_into_the_datagrams(zero_copy):
         tx.close()
 
 
+def test_recv_rows_lands_about_its_byte_budget_per_receive():
+    """Large coalesced messages land a few at a time (the landing budget, so
+    that what the kernel copied in is still in cache when it is read), single
+    datagrams sixteen at a time; either way every datagram arrives intact."""
+    if not fastio.gso_available():
+        pytest.skip("no UDP GSO/GRO in this kernel")
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        rx.bind(("127.0.0.1", 0))
+        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 24)
+        assert fastio.enable_gro(rx)
+        plen = 16394
+        tx.setsockopt(fastio.SOL_UDP, fastio.UDP_SEGMENT, plen)
+        payload = np.random.default_rng(2).integers(0, 256, 3 * plen * 30, np.uint8).tobytes()
+        for m in range(30):  # 30 messages of three datagrams each
+            tx.sendto(payload[m * 3 * plen : (m + 1) * 3 * plen], rx.getsockname())
+        tx.setsockopt(fastio.SOL_UDP, fastio.UDP_SEGMENT, 0)
+        for k in range(40):  # then 40 single small datagrams, each its own message
+            tx.sendto(bytes([k]) * 100, rx.getsockname())
+        g = fastio.GroRx(fastio.GRO_MESSAGES, 64)
+        rows = np.zeros((64, plen + 1), np.uint8)
+        rl, rip, rp = np.zeros(64, np.int32), np.zeros(64, np.uint32), np.zeros(64, np.int32)
+        got, landed = [], []
+        deadline = time.monotonic() + 5
+        while len(got) < 130 and time.monotonic() < deadline:
+            k = fastio.recv_rows(rx.fileno(), *g.args(), rows, rl, rip, rp, 64)
+            if k:
+                landed.append(int(g.cursor[2]))
+            got += [ctypes.string_at(int(g.addr[i]), int(rl[i])) for i in range(k)]
+        big = [payload[i * plen : (i + 1) * plen] for i in range(90)]
+        assert got == big + [bytes([k]) * 100 for k in range(40)]
+        per_receive = fastio.GRO_LAND_BYTES // (3 * plen)  # 5 messages of ~48 KiB
+        assert landed[0] == fastio.GRO_MESSAGES  # nothing known yet: as many as it may
+        assert per_receive in landed[1:4] and max(landed[1:4]) <= per_receive
+        assert fastio.GRO_MESSAGES in landed[-3:]  # small ones: sixteen at a time again
+    finally:
+        rx.close()
+        tx.close()
+
+
 async def test_emulator_gro_zero_copy_and_switching_it_off():
     """UDP_GRO is on by default on the switch socket: the fast path reads the
     coalesced datagrams where the kernel landed them. Jobs of 1 KiB and 8 KiB
