@@ -879,7 +879,7 @@ class DataPlane:
         self._send_due()
         if self.fast and self.echo:
             self._echo()  # the benchmark's echo mode: compiled before it is ready too
-        if self.fast and not self.echo:
+        elif self.fast:
             self._drain_fast()  # an empty socket: returns at once, compiled
             b, rx = self.batch, self._rx
             fastio.receive(  # the stepwise path's receive (a capture may start later)

@@ -333,10 +333,10 @@ class GroRx:
     landing area instead (``addr``), valid until the next call.
 
     ``cursor``: [next message, byte offset in it, messages landed, more, mean
-    message length of the last receive, landing budget in bytes] where
+    message length of the last receive (sizes the next: ``GRO_LAND_BYTES``)] where
     ``more`` is 1 while landed messages remain or the last receive was full."""
 
-    def __init__(self, capacity: int, rows: int = 0, land_bytes: int = GRO_LAND_BYTES) -> None:
+    def __init__(self, capacity: int, rows: int = 0) -> None:
         self.vec = MsgVec(capacity)
         # rows > 0: zero copy, recv_rows gives each datagram's address here
         self.addr = np.zeros(rows, np.int64)
@@ -347,8 +347,7 @@ class GroRx:
         self.gso = np.zeros(capacity, np.int32)
         self.mip = np.zeros(capacity, np.uint32)
         self.mport = np.zeros(capacity, np.int32)
-        self.cursor = np.zeros(6, np.int64)
-        self.cursor[5] = land_bytes  # a receive lands about this much (GRO_LAND_BYTES)
+        self.cursor = np.zeros(5, np.int64)
 
     def args(self, zero_copy: bool = True) -> tuple:
         """The arguments of :func:`recv_rows` before the batch's arrays;
@@ -421,7 +420,7 @@ def recv_rows(
                 break  # the last receive was not full: the socket is (nearly) empty
             want = cap
             if cursor[4] > 0:  # as many messages as fill the landing budget at the last size
-                want = min(cap, max(GRO_LAND_MIN, cursor[5] // cursor[4]))
+                want = min(cap, max(GRO_LAND_MIN, GRO_LAND_BYTES // cursor[4]))
             for i in range(want):
                 hdr[i, 1] = 16
                 hdr[i, 4] = np.uint64(cmsg_ptr + CMSG_SPACE_U16 * i)
