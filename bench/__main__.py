@@ -58,6 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     if args.what == "allreduce":
+        from cli.extras import available, missing_message, require
+
+        require("torch", "python -m bench allreduce (gloo and the parameter server)")
+        if not available("matplotlib"):  # the results do not need it: said now, not at the end
+            print(f"warning: no plot: {missing_message('matplotlib', 'plotting')}", file=sys.stderr)
         from .allreduce import markdown, run, write_outputs
 
         data = run(
@@ -107,4 +112,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from cli.terminal import CLIError
+
+    try:
+        sys.exit(main())
+    except CLIError as exc:  # an expected failure (a missing extra): one line
+        sys.exit(f"error: {exc.format_message()}")
