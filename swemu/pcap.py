@@ -433,9 +433,9 @@ class PacketBatch:
             )
 
     @classmethod
-    def from_packets(cls, packets: list[CapturedPacket]) -> PacketBatch:
+    def from_packets(cls, packets: list[CapturedPacket], first: int = 1) -> PacketBatch:
         """Columns of already-read packets (a frame of 0 becomes the packet's
-        position, counted from 1)."""
+        position, counted from ``first``)."""
         lengths = np.array([len(p.payload) for p in packets], np.int64)
         start = np.zeros(len(packets), np.int64)
         if len(packets) > 1:
@@ -447,7 +447,7 @@ class PacketBatch:
 
         return cls(
             data=data,
-            frame=col([p.frame or i + 1 for i, p in enumerate(packets)]),
+            frame=col([p.frame or first + i for i, p in enumerate(packets)]),
             ts=col([p.ts for p in packets], np.float64),
             src_ip=col([p.src[0] for p in packets]),
             src_port=col([p.src[1] for p in packets]),
@@ -459,9 +459,10 @@ class PacketBatch:
         )
 
 
-def _gather(a: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
-    """``a[at[i] : at[i] + width]`` for every i, as an (n, width) array; bytes
-    past the end of ``a`` read as 0 (callers mask what they may not use)."""
+def gather(a: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
+    """``a[at[i] : at[i] + width]`` for every i, as an (n, width) uint8 array;
+    bytes past the end of ``a`` repeat its last byte (callers mask what lies
+    outside a record)."""
     idx = at[:, None] + np.arange(width)
     np.clip(idx, 0, max(a.shape[0] - 1, 0), out=idx)
     return a[idx] if a.shape[0] else np.zeros(idx.shape, np.uint8)
@@ -469,7 +470,7 @@ def _gather(a: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
 
 def _be(a: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
     """Big-endian unsigned integers of ``width`` bytes at ``at`` (int64)."""
-    b = _gather(a, at, width).astype(np.int64)
+    b = gather(a, at, width).astype(np.int64)
     out = b[:, 0]
     for k in range(1, width):
         out = (out << 8) | b[:, k]
@@ -503,7 +504,7 @@ def _record_offsets(buf: bytes, order: str, path: object) -> tuple[np.ndarray, i
             if k <= run:
                 break
             at = pos + size * np.arange(run, k, dtype=np.int64) + 8
-            got = _gather(a, at, 4).view(u32).reshape(-1)
+            got = gather(a, at, 4).view(u32).reshape(-1)
             bad = np.flatnonzero(got != incl)
             if bad.size:
                 run += int(bad[0])
@@ -522,7 +523,7 @@ def _parse_records(
     ones and, for those, (ts, src_ip, src_port, dst_ip, dst_port, payload start,
     payload length, truncated)."""
     u32 = np.dtype(order + "u4")
-    hdr = _gather(a, off, RECORD_HEADER_LEN).view(u32)  # ts_sec, ts_frac, incl, orig
+    hdr = gather(a, off, RECORD_HEADER_LEN).view(u32)  # ts_sec, ts_frac, incl, orig
     sec, frac, caplen = hdr[:, 0], hdr[:, 1], hdr[:, 2].astype(np.int64)
     d = off + RECORD_HEADER_LEN  # each record's data
     n = off.shape[0]
@@ -548,7 +549,7 @@ def _parse_records(
     else:
         raise PcapError(f"link type {linktype} is not supported (Ethernet, Linux SLL, raw IP are)")
     ip = d + l3
-    ip_hdr = _gather(a, ip, IPV4_LEN).astype(np.int64)
+    ip_hdr = gather(a, ip, IPV4_LEN).astype(np.int64)
     ok &= (caplen >= l3 + IPV4_LEN) & (ip_hdr[:, 0] >> 4 == 4)
     ihl = (ip_hdr[:, 0] & 0x0F) * 4
     total_len = (ip_hdr[:, 2] << 8) | ip_hdr[:, 3]
@@ -560,7 +561,7 @@ def _parse_records(
     keep = np.flatnonzero(ok)
     ip_hdr, d, udp, caplen, l3 = ip_hdr[keep], d[keep], udp[keep], caplen[keep], l3[keep]
     total_len, frag = total_len[keep], frag[keep]
-    words = _gather(a, d + udp, UDP_LEN).astype(np.int64)
+    words = gather(a, d + udp, UDP_LEN).astype(np.int64)
     sport = (words[:, 0] << 8) | words[:, 1]
     dport = (words[:, 2] << 8) | words[:, 3]
     udp_len = (words[:, 4] << 8) | words[:, 5]
