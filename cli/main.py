@@ -19,6 +19,11 @@ import click
 from .terminal import CLIError, terminal
 
 
+class ClosedPipe(Exception):
+    """A write met a pipe whose reader went away (a BrokenPipeError, carried past
+    click, which would make it exit status 1)."""
+
+
 class LazyGroup(click.Group):
     """A group whose commands live in ``cli.<name>`` modules, imported on use,
     so that ``--help`` and every command start without importing the others."""
@@ -33,6 +38,13 @@ class LazyGroup(click.Group):
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(super().list_commands(ctx)) | set(self._available()))
+
+    def invoke(self, ctx: click.Context):
+        # click turns EPIPE into exit status 1; _main decides (0 if stdout's reader left)
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError as exc:
+            raise ClosedPipe(str(exc)) from None
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name in self.commands:
@@ -128,7 +140,7 @@ def _main(group: click.Group) -> None:
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
-    except BrokenPipeError as exc:
+    except (BrokenPipeError, ClosedPipe) as exc:
         if _stdout_closed():
             _closed_pipe()
         terminal.error(str(exc))
