@@ -561,3 +561,54 @@ def test_decode_cli_port_and_no_packets(tmp_path: Path) -> None:
     assert r.exit_code == 0 and "no SwitchML packets (UDP to or from port 48891)" in r.output
     r = run(emu_cli, ["decode", str(path), "--port", "48891", "--json"])
     assert json.loads(r.output)["events"] == []
+
+
+# ------------------------------------------- a real emulator on an ordinary port
+async def test_capture_of_a_real_switch_on_any_port(tmp_path: Path) -> None:
+    """`serve --port N --pcap` with N outside 0xBEE0-0xBEEF: `switchml-emu decode`
+    finds the port and agrees with the switch's own counters."""
+    import asyncio
+
+    from click.testing import CliRunner
+
+    import hostlib
+    import swemu
+    from cli.main import emu as emu_cli
+    from swemu.engine import EngineConfig
+
+    path = tmp_path / "any.pcap"
+    workers, calls = 3, 2
+    x = np.arange(1000, dtype=np.int32)
+    config = EngineConfig(pool_size=8, max_pool_memory=1 << 20)
+    async with swemu.serve(config=config, pcap=path) as emu:
+        port = emu.data_address[1]
+        if port & wire.UDP_PORT_MASK == wire.UDP_PORT_BASE:
+            pytest.skip("the free port the system gave is a SwitchML port")
+        switch, control = "%s:%d" % emu.data_address, "%s:%d" % emu.control_address
+
+        async def one(rank: int) -> None:
+            async with hostlib.aconnect(
+                switch,
+                control,
+                rank=rank,
+                world_size=workers,
+                packet_size=0,
+                window=4,
+                no_progress=60,
+            ) as ctx:
+                for _ in range(calls):
+                    np.testing.assert_array_equal(await ctx.allreduce(x * (rank + 1)), x * 6)
+
+        await asyncio.wait_for(asyncio.gather(*(one(r) for r in range(workers))), 60)
+        snap = emu.snapshot()
+    (job,) = snap["jobs"]
+    r = CliRunner(catch_exceptions=False).invoke(emu_cli, ["decode", str(path), "--json"])
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.output)["summary"]
+    assert s["switches"] == ["127.0.0.1:%d" % port]
+    assert s["events"] == snap["counters"]["pkts_in"] + job["counters"]["pkts_out"] > 0
+    assert s["results"]["multicast"] == job["counters"]["multicast"] == calls * 32
+    assert s["retransmissions"] == job["counters"]["retransmissions"]
+    assert len(s["workers"]) == workers and s["malformed"] == 0
+    r = CliRunner(catch_exceptions=False).invoke(emu_cli, ["decode", str(path), "--limit", "5"])
+    assert f"{port}:0" in r.output and "5 of" in r.output
