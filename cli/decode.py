@@ -8,8 +8,10 @@ rows.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
 import click
@@ -38,27 +40,34 @@ def _port(port: int) -> str:
     return f"{port:#x}" if port & 0xFFF0 == 0xBEE0 else str(port)
 
 
-def _row(ev: Event, color: bool) -> str:
+def _row_maker(color: bool) -> Callable[[Event], str]:
+    """The function that turns an event into one line of the table (imports and
+    lookups done once, not per row)."""
     from swemu.decode import MALFORMED, MULTICAST, TO_SWITCH, format_addr
 
-    if ev.kind == MALFORMED:
-        label, values = "malformed", f"{ev.length} bytes"
-        fields = f"{'':>3}  {'':>3}  {'':>10}  {'':>9}"
-    else:
-        label = f"{_port(ev.switch[1])}:{ev.slot}"
-        more = ", …" if len(ev.values) < 32 << (ev.size_code or 0) else ""
-        values = "[" + ", ".join(map(str, ev.values)) + more + "]"
-        fields = f"{ev.set:>3}  {ev.job_number:>3}  {ev.tsi:>10}  {f'{ev.e0}/{ev.e1}':>9}"
-    kind = ev.kind + (f" #{ev.group} x{ev.fanout}" if ev.kind == MULTICAST else "")
-    kind = f"{kind:<30}"
-    if color:
-        kind = f"\x1b[{_ANSI[ev.kind]}m{kind}\x1b[0m"
-    note = f"  {ev.note}" if ev.note else ""
-    return (
-        f"{label:>13}  {ev.time * 1e3:>11.3f}  {ev.frame:>8}  "
-        f"{'→ switch' if ev.direction == TO_SWITCH else '← switch':<8}  "
-        f"{format_addr(ev.worker):<21}  {fields}  {kind}  {values}{note}\n"
-    )
+    addr = functools.lru_cache(maxsize=4096)(format_addr)
+    blank = f"{'':>3}  {'':>3}  {'':>10}  {'':>9}"
+
+    def row(ev: Event) -> str:
+        if ev.kind == MALFORMED:
+            label, values, fields = "malformed", f"{ev.length} bytes", blank
+        else:
+            label = f"{_port(ev.switch[1])}:{ev.slot}"
+            more = ", …" if len(ev.values) < 32 << (ev.size_code or 0) else ""
+            values = "[" + ", ".join(map(str, ev.values)) + more + "]"
+            fields = f"{ev.set:>3}  {ev.job_number:>3}  {ev.tsi:>10}  {f'{ev.e0}/{ev.e1}':>9}"
+        kind = ev.kind + (f" #{ev.group} x{ev.fanout}" if ev.kind == MULTICAST else "")
+        kind = f"{kind:<30}"
+        if color:
+            kind = f"\x1b[{_ANSI[ev.kind]}m{kind}\x1b[0m"
+        note = f"  {ev.note}" if ev.note else ""
+        return (
+            f"{label:>13}  {ev.time * 1e3:>11.3f}  {ev.frame:>8}  "
+            f"{'→ switch' if ev.direction == TO_SWITCH else '← switch':<8}  "
+            f"{addr(ev.worker):<21}  {fields}  {kind}  {values}{note}\n"
+        )
+
+    return row
 
 
 @click.command()
@@ -100,6 +109,7 @@ def decode(
     counts = Summary()
     out: TextIO = sys.stdout
     color = not as_json and out.isatty() and not terminal.out.no_color
+    row = _row_maker(color)
     shown = total = 0
     lines: list[str] = []
     if as_json:
@@ -124,7 +134,7 @@ def decode(
             else:
                 if shown == 0:
                     lines.append(_HEADER + "\n")
-                lines.append(_row(ev, color))
+                lines.append(row(ev))
             shown += 1
             if len(lines) >= 256:
                 flush()
