@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -41,7 +42,10 @@ def test_allreduce_benchmark_smoke(tmp_path, dtype):
     assert json.loads(paths[0].read_text())["results"]
     table = paths[1].read_text()
     assert "| switchml-3 |" in table and "| ok |" in table and f"dtype {dtype}" in table
-    assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if importlib.util.find_spec("matplotlib") is None:
+        assert len(paths) == 2  # the plot is skipped, the results are written
+    else:
+        assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_benchmark_worker_flags_a_wrong_result():
