@@ -1,16 +1,21 @@
 """Turn a capture of SwitchML traffic into a per-slot timeline of what happened.
 
-:func:`timeline` reads captured datagrams (from :func:`swemu.pcap.read_pcap`)
-and classifies each SwitchML packet the way the switch of PROTOCOL.md §2 sees
-it; :func:`render_timeline` draws the events as a rich table, one section per
-(switch port, slot); :func:`summary` counts them per worker. The
-``switchml-emu decode`` command is a thin wrapper around these three.
+:class:`Decoder` reads captured datagrams a batch at a time (from
+:func:`swemu.pcap.read_pcap_batches`) and classifies each SwitchML packet the
+way the switch of PROTOCOL.md §2 sees it, returning events as soon as they are
+final; :func:`timeline` does it for a whole capture; :func:`render_timeline`
+draws events as a rich table, one section per (switch port, slot);
+:class:`Summary` / :func:`summary` count them per worker. ``switchml-emu
+decode`` streams the Decoder's events as rows.
 
 How packets are told apart:
 
-* **Direction.** The switch listens on ports 0xBEE0–0xBEEF: a datagram *to* one
-  of them is a worker's packet, one *from* one of them is a result. When both
-  ports are in that range, the address already seen as the switch's decides.
+* **The switch's ports.** Given, or 0xBEE0–0xBEEF plus those
+  :func:`infer_switch_ports` finds: the port on one side of every packet that
+  parses as SwitchML (a worker's port appears only in its own packets).
+* **Direction.** A datagram *to* a switch port is a worker's packet, one *from*
+  a switch port is a result. When both ports are switch ports, the address
+  already seen as the switch's decides.
 * **Retransmission.** A worker's packet on a slot whose previous packet from the
   same worker, to the same switch port and slot, used the same set. That is the
   switch's own rule (the worker's bitmap bit is still set): normally the resend

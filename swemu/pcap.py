@@ -13,6 +13,12 @@ a file size: once a packet does not fit, the capture is *full* and every later
 packet is counted in :attr:`PcapWriter.dropped` instead of being written, so the
 file is always a prefix of the traffic and never grows without limit.
 
+Reading is for any classic pcap (tcpdump's and Wireshark's too):
+:func:`read_pcap_batches` parses a chunk of the file at a time with numpy into
+:class:`PacketBatch` columns, so a 1 GiB capture costs no Python per packet;
+:func:`read_pcap` hands the same packets out one :class:`CapturedPacket` at a
+time.
+
 This module never imports scapy (GPL-2.0, an optional extra): the core writes
 and reads captures on its own.
 """
