@@ -82,7 +82,7 @@ def format_addr(addr: Address) -> str:
     return f"{wire.int_to_ipv4(addr[0])}:{addr[1]}"
 
 
-@dataclass
+@dataclass(slots=True)
 class Event:
     """One SwitchML packet of a capture, decoded and classified.
 
