@@ -139,7 +139,7 @@ def run(size: int, size_code: int, workers: int, loss_every: int, log=print) -> 
             lines = [proc.stdout.readline() for _ in range(11)]
             proc.stdout.close()
             proc.wait()
-            return len(lines)
+            return sum(1 for line in lines if line)  # the heading and 10 rows
 
         parse_batches()  # the file into the page cache, the modules imported
         rows = []

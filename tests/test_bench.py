@@ -72,3 +72,22 @@ def test_cpu_accounting_reads_proc():
     b = _cpu_seconds([os.getpid()])
     assert a is not None and b > a
     assert _cpu_seconds([2**22 + 12345]) is None  # no such process
+
+
+def test_decode_benchmark_smoke(tmp_path):
+    """`python -m bench decode` on a small capture: every stage saw every packet."""
+    from bench.decode import make_capture, markdown, run
+    from swemu.decode import MULTICAST, RETRANSMISSION, UNICAST, timeline
+    from swemu.pcap import read_pcap
+
+    path = tmp_path / "c.pcap"
+    n = make_capture(path, 1 << 20, size_code=0, workers=3, loss_every=10)
+    kinds = [e.kind for e in timeline(read_pcap(path))]
+    assert len(kinds) == n and {MULTICAST, RETRANSMISSION, UNICAST} <= set(kinds)
+    data = run(1 << 20, 0, 3, 10, log=lambda m: None)
+    by = {r["what"]: r for r in data["results"]}
+    assert by["parse (batches)"]["result"] == by["parse (packets)"]["result"] == data["packets"]
+    assert by["decode"]["result"] == data["packets"]
+    assert by["first rows (| head)"]["result"] == 11
+    assert all(r["mb_per_s"] > 0 for r in data["results"])
+    assert "| decode |" in markdown(data)
