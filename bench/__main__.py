@@ -1,4 +1,4 @@
-"""``python -m bench {allreduce,loss,switch}``: the benchmarks, side by side in one run.
+"""``python -m bench {allreduce,loss,switch,decode}``: the benchmarks, side by side in one run.
 
 Results go to ``--out`` (default ``bench/results/``, git-ignored) as JSON, a
 markdown table and a PNG plot.
@@ -55,9 +55,19 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--seconds", type=float, default=1.0)
     s.add_argument("--shards", type=int, default=1, help="data-plane processes (serve --shards)")
     s.add_argument("--out", type=Path, default=Path("bench/results"))
+    sub.add_parser("decode", help="switchml-emu decode on a big synthetic capture (MB/s)")
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["decode"]:  # options of its own
+        from .decode import main as decode_main
+
+        return decode_main((sys.argv[1:] if argv is None else argv)[1:])
     args = p.parse_args(argv)
 
     if args.what == "allreduce":
+        from cli.extras import available, missing_message, require
+
+        require("torch", "python -m bench allreduce (gloo and the parameter server)")
+        if not available("matplotlib"):  # the results do not need it: said now, not at the end
+            print(f"warning: no plot: {missing_message('matplotlib', 'plotting')}", file=sys.stderr)
         from .allreduce import markdown, run, write_outputs
 
         data = run(
@@ -107,4 +117,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from cli.terminal import CLIError
+
+    try:
+        sys.exit(main())
+    except CLIError as exc:  # an expected failure (a missing extra): one line
+        sys.exit(f"error: {exc.format_message()}")

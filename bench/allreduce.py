@@ -41,6 +41,7 @@ import os
 import resource
 import socket
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -406,9 +407,18 @@ def plot(data: dict, path: Path) -> None:
 
 
 def write_outputs(data: dict, out: Path, name: str = "allreduce") -> list[Path]:
+    """Write the results as JSON and markdown, then the plot; return the paths
+    written. Without matplotlib (the ``bench`` extra) the plot is skipped with a
+    warning on stderr: the results are never lost to it."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.json", out / f"{name}.md", out / f"{name}.png"]
     paths[0].write_text(json.dumps(data, indent=2))
     paths[1].write_text(markdown(data))
-    plot(data, paths[2])
+    try:
+        plot(data, paths[2])
+    except ImportError as exc:
+        from cli.extras import explain
+
+        print(f"warning: no plot: {explain(exc, 'plotting')}", file=sys.stderr)
+        return paths[:2]
     return paths

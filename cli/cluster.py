@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import click
 
+from .extras import MissingExtra, explain, require
 from .terminal import CLIError, parse_size, terminal
 
 
@@ -239,6 +240,13 @@ def run(
         config.validate()
     except ValueError as exc:
         raise CLIError(str(exc)) from None
+    # before minutes of measuring, not at the end: what the run cannot do without
+    require("torch", "switchml cluster run (its workers use torch.distributed)")
+    if plot_out:
+        try:
+            require("matplotlib", "the speedup plot")
+        except MissingExtra as exc:
+            raise MissingExtra(f"{exc.format_message()} (or --plot '' for none)") from None
     _need_root()
 
     def on_record(r: bc.Record) -> None:
@@ -284,12 +292,19 @@ def run(
             + (f"{rate:g} Gb/s" if rate else "none of the measured rates"),
             markup=False,
         )
+    # the results first: a plot that fails must not take them with it
     bc.write_json(json_out, config, records, rows, code=code)
+    written = [json_out]
     if md_out:
         with open(md_out, "w") as f:
             f.write(table)
+        written.append(md_out)
     if plot_out:
-        bc.plot_speedup(rows, plot_out)
-    terminal.success(f"wrote {json_out}" + (f", {plot_out}" if plot_out else ""))
+        try:
+            bc.plot_speedup(rows, plot_out)
+            written.append(plot_out)
+        except ImportError as exc:
+            terminal.warning(f"no plot: {explain(exc, 'plotting')}")
+    terminal.success("wrote " + ", ".join(written))
     if not all(r.ok for r in records):
         raise CLIError("some results were wrong (see the table)")

@@ -2,12 +2,14 @@
 
 ``switchml-emu`` holds the switch's commands, ``switchml`` the workers'. The
 entry points turn expected errors into one line on stderr and a non-zero exit
-status instead of a traceback.
+status instead of a traceback, end quietly when their output pipe is closed
+(``| head``), and keep gRPC's C core from logging on its own.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import signal
 import sys
 from pathlib import Path
@@ -15,6 +17,11 @@ from pathlib import Path
 import click
 
 from .terminal import CLIError, terminal
+
+
+class ClosedPipe(Exception):
+    """A write met a pipe whose reader went away (a BrokenPipeError, carried past
+    click, which would make it exit status 1)."""
 
 
 class LazyGroup(click.Group):
@@ -31,6 +38,13 @@ class LazyGroup(click.Group):
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(super().list_commands(ctx)) | set(self._available()))
+
+    def invoke(self, ctx: click.Context):
+        # click turns EPIPE into exit status 1; _main decides (0 if stdout's reader left)
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError as exc:
+            raise ClosedPipe(str(exc)) from None
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name in self.commands:
@@ -75,7 +89,39 @@ def _on_sigterm(signum: int, frame: object) -> None:
     raise Terminated
 
 
+def quiet_grpc() -> None:
+    """Silence gRPC's C-core log (e.g. its ``E… add_port.cc`` line before our own
+    one-line "cannot listen" error) unless the user chose a verbosity. Must run
+    before grpc is imported; child processes (a local emulator) inherit it."""
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+
+
+def _stdout_closed() -> bool:
+    """True when stdout is a pipe or socket whose reader went away."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), 0)  # POLLERR is always reported
+        return any(ev & select.POLLERR for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _closed_pipe() -> None:
+    """stdout's reader went away (``switchml-emu decode x.pcap | head``): point
+    stdout at /dev/null so that the interpreter's final flush does not fail
+    again, and end with status 0, as ``cat`` would."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    sys.exit(0)
+
+
 def _main(group: click.Group) -> None:
+    quiet_grpc()
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         rc = group.main(standalone_mode=False)
@@ -94,6 +140,11 @@ def _main(group: click.Group) -> None:
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
+    except (BrokenPipeError, ClosedPipe) as exc:
+        if _stdout_closed():
+            _closed_pipe()
+        terminal.error(str(exc))
+        sys.exit(1)
     except OSError as exc:
         terminal.error(str(exc))
         sys.exit(1)

@@ -459,15 +459,20 @@ def reproduce(figure, json_out, markdown) -> None:
     scale = sim.scaling()
     md = sim.reproduction_markdown(rows, scale)
     terminal.out.print(md, markup=False, highlight=False, soft_wrap=True)
-    if figure:
-        os.makedirs(os.path.dirname(figure) or ".", exist_ok=True)
-        sim.plot_speedup(rows, figure, scale)
-        terminal.info(f"wrote {figure}")
     if markdown:
         with open(markdown, "w") as f:
             f.write(md)
         terminal.info(f"wrote {markdown}")
     _write_json(json_out, {"reproduction": rows, "scaling": scale})
+    if figure:  # last: the results above never depend on the plotting library
+        os.makedirs(os.path.dirname(figure) or ".", exist_ok=True)
+        try:
+            sim.plot_speedup(rows, figure, scale)
+            terminal.info(f"wrote {figure}")
+        except ImportError as exc:
+            from .extras import explain
+
+            terminal.warning(f"no plot: {explain(exc, 'plotting')}")
 
 
 # -------------------------------------------------------------------- check

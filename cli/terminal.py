@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 
 class CLIError(click.ClickException):
@@ -24,17 +25,19 @@ class Terminal:
         self.out = Console(highlight=False)
         self.err = Console(stderr=True, highlight=False)
 
+    # Messages are plain text: escaped, so that ``pip install "switchml-emu[torch]"``
+    # keeps its brackets instead of being read as rich markup.
     def error(self, message: str) -> None:
-        self.err.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
+        self.err.print(f"[bold red]error:[/] {escape(message)}", markup=True, soft_wrap=True)
 
     def warning(self, message: str) -> None:
-        self.err.print(f"[yellow]warning:[/] {message}", soft_wrap=True)
+        self.err.print(f"[yellow]warning:[/] {escape(message)}", soft_wrap=True)
 
     def info(self, message: str) -> None:
-        self.err.print(message, soft_wrap=True)
+        self.err.print(message, markup=False, soft_wrap=True)
 
     def success(self, message: str) -> None:
-        self.err.print(f"[green]{message}[/]", soft_wrap=True)
+        self.err.print(f"[green]{escape(message)}[/]", soft_wrap=True)
 
 
 terminal = Terminal()

@@ -1,16 +1,21 @@
 """Turn a capture of SwitchML traffic into a per-slot timeline of what happened.
 
-:func:`timeline` reads captured datagrams (from :func:`swemu.pcap.read_pcap`)
-and classifies each SwitchML packet the way the switch of PROTOCOL.md §2 sees
-it; :func:`render_timeline` draws the events as a rich table, one section per
-(switch port, slot); :func:`summary` counts them per worker. The
-``switchml-emu decode`` command is a thin wrapper around these three.
+:class:`Decoder` reads captured datagrams a batch at a time (from
+:func:`swemu.pcap.read_pcap_batches`) and classifies each SwitchML packet the
+way the switch of PROTOCOL.md §2 sees it, returning events as soon as they are
+final; :func:`timeline` does it for a whole capture; :func:`render_timeline`
+draws events as a rich table, one section per (switch port, slot);
+:class:`Summary` / :func:`summary` count them per worker. ``switchml-emu
+decode`` streams the Decoder's events as rows.
 
 How packets are told apart:
 
-* **Direction.** The switch listens on ports 0xBEE0–0xBEEF: a datagram *to* one
-  of them is a worker's packet, one *from* one of them is a result. When both
-  ports are in that range, the address already seen as the switch's decides.
+* **The switch's ports.** Given, or 0xBEE0–0xBEEF plus those
+  :func:`infer_switch_ports` finds: the port on one side of every packet that
+  parses as SwitchML (a worker's port appears only in its own packets).
+* **Direction.** A datagram *to* a switch port is a worker's packet, one *from*
+  a switch port is a result. When both ports are switch ports, the address
+  already seen as the switch's decides.
 * **Retransmission.** A worker's packet on a slot whose previous packet from the
   same worker, to the same switch port and slot, used the same set. That is the
   switch's own rule (the worker's bitmap bit is still set): normally the resend
@@ -32,17 +37,19 @@ How packets are told apart:
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections import Counter, defaultdict, deque
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import JustifyMethod
-from rich.table import Table
-from rich.text import Text
+import numpy as np
 
 from . import wire
-from .pcap import CapturedPacket
+from .pcap import CapturedPacket, PacketBatch, gather
+
+if TYPE_CHECKING:
+    from rich.console import JustifyMethod
+    from rich.table import Table
 
 CONTRIBUTION = "contribution"
 RETRANSMISSION = "retransmission"
@@ -75,7 +82,7 @@ def format_addr(addr: Address) -> str:
     return f"{wire.int_to_ipv4(addr[0])}:{addr[1]}"
 
 
-@dataclass
+@dataclass(slots=True)
 class Event:
     """One SwitchML packet of a capture, decoded and classified.
 
@@ -112,13 +119,54 @@ class Event:
         return d
 
 
-def _direction(pkt: CapturedPacket, switches: set[Address]) -> str | None:
-    to_sw, from_sw = is_switchml_port(pkt.dst[1]), is_switchml_port(pkt.src[1])
-    if to_sw and from_sw:  # both ends on 0xBEEx: trust what the rest of the capture says
-        return FROM_SWITCH if pkt.src in switches and pkt.dst not in switches else TO_SWITCH
-    if to_sw:
-        return TO_SWITCH
-    return FROM_SWITCH if from_sw else None
+def looks_like_switchml(batch: PacketBatch) -> np.ndarray:
+    """Per packet of ``batch``: does its payload pass :func:`swemu.wire.decode`'s
+    checks (header, msg_type 1, the length its size code says)? Computed for the
+    whole batch at once."""
+    b0 = gather(batch.data, batch.start, 1)[:, 0].astype(np.int64)
+    return (
+        (batch.length >= wire.HEADER_LEN)
+        & (b0 >> 4 == wire.MSG_TYPE)
+        & (batch.length == wire.HEADER_LEN + (128 << (b0 & 7)))
+    )
+
+
+def infer_switch_ports(
+    sport: np.ndarray, dport: np.ndarray, known: Collection[int] = ()
+) -> set[int]:
+    """The switch's UDP ports, from the ports of packets that parse as SwitchML.
+
+    Every SwitchML packet has a switch port on one side; a worker's port only
+    appears in that worker's packets. So the port found in the most packets is
+    a switch port; the packets it explains are set aside and the search goes on
+    until every packet is explained (several switch ports: shards, or several
+    switches). Packets already explained by ``known`` ports are left out. A tie
+    (one worker: its port and the switch's appear equally often) goes to a port
+    in 0xBEE0-0xBEEF, then to the destination of the earliest packet, which a
+    worker sends: the switch never speaks first.
+    """
+    sport = np.asarray(sport, np.int64)
+    dport = np.asarray(dport, np.int64)
+    known_arr = np.fromiter(known, np.int64)
+    left = ~(np.isin(sport, known_arr) | np.isin(dport, known_arr))
+    sport, dport = sport[left], dport[left]
+    found: set[int] = set()
+    while sport.size:
+        # a packet counts once for a port, also when both its ports are that port
+        ports = np.concatenate([sport, dport[dport != sport]])
+        counts = np.bincount(ports, minlength=0x10000)
+        best = np.flatnonzero(counts == counts.max())
+        if best.size > 1:
+            in_range = best[(best & wire.UDP_PORT_MASK) == wire.UDP_PORT_BASE]
+            if in_range.size:
+                best = in_range
+            elif int(dport[0]) in best:
+                best = np.array([dport[0]])
+        port = int(best[0])
+        found.add(port)
+        keep = (sport != port) & (dport != port)
+        sport, dport = sport[keep], dport[keep]
+    return found
 
 
 @dataclass
@@ -132,89 +180,239 @@ class _Multicast:
     members: list[Event]
 
 
+class Decoder:
+    """Classify a capture's SwitchML packets batch by batch, in capture order.
+
+    Feed it :class:`swemu.pcap.PacketBatch` es (from
+    :func:`swemu.pcap.read_pcap_batches`); each :meth:`feed` returns the events
+    that are final, and :meth:`finish` the rest. An event is held back until its
+    multicast can have no more copies (the capture's clock passed its time plus
+    ``instant``) so that its ``fanout`` is final when it is returned; at most
+    ``hold`` events are held.
+
+    ``ports`` are the switch's UDP ports; by default they are 0xBEE0-0xBEEF
+    plus those :func:`infer_switch_ports` finds in each batch (a switch on any
+    port, e.g. ``serve --port 48890``). Fields are read from the whole batch
+    with numpy; Python runs per SwitchML packet only for the classification
+    rules, which depend on the packets before.
+    """
+
+    def __init__(
+        self,
+        *,
+        ports: Collection[int] | None = None,
+        values_shown: int = 4,
+        instant: float = 1e-3,
+        hold: int = 1 << 16,
+    ) -> None:
+        if values_shown < 0 or instant < 0 or hold < 1:
+            raise ValueError("values_shown and instant must not be negative, hold positive")
+        self.infer = ports is None
+        self._is_port = np.zeros(0x10000, bool)
+        if ports is None:
+            self._is_port[wire.UDP_PORT_BASE : wire.UDP_PORT_BASE + 16] = True
+        else:
+            for port in ports:
+                if not 0 <= port <= 0xFFFF:
+                    raise ValueError(f"port {port} is not a UDP port")
+                self._is_port[port] = True
+        self.values_shown = values_shown
+        self.instant = instant
+        self.hold = hold
+        self.switches: set[Address] = set()
+        self.inferred: set[int] = set()
+        self._t0: float | None = None
+        self._max_ts = -np.inf
+        # (worker, switch, slot) -> the worker's last packet there: (set, tsi, job_number)
+        self._last_sent: dict[tuple[Address, Address, int], tuple[int, int, int]] = {}
+        # (switch, slot, set) -> this round's multicast (None: not seen yet)
+        self._rounds: dict[tuple[Address, int, int], _Multicast | None] = {}
+        self._groups = 0
+        self._pending: deque[tuple[float, Event]] = deque()
+
+    @property
+    def ports(self) -> list[int]:
+        """The UDP ports taken for the switch's so far."""
+        return np.flatnonzero(self._is_port).tolist()
+
+    def feed(self, batch: PacketBatch) -> list[Event]:
+        """Decode one batch; return the events that are now final, in capture order."""
+        n = len(batch)
+        if n:
+            self._decode(batch)
+            self._max_ts = max(self._max_ts, float(batch.ts.max()))
+        out = []
+        pending = self._pending
+        horizon = self._max_ts - self.instant
+        while pending and (pending[0][0] < horizon or len(pending) > self.hold):
+            out.append(pending.popleft()[1])
+        return out
+
+    def finish(self) -> list[Event]:
+        """The events still held back (the capture ended)."""
+        out = [ev for _, ev in self._pending]
+        self._pending.clear()
+        return out
+
+    def _decode(self, batch: PacketBatch) -> None:
+        sport, dport = batch.src_port, batch.dst_port
+        valid = looks_like_switchml(batch)
+        if self.infer and valid.any():
+            known = self.ports
+            new = infer_switch_ports(sport[valid], dport[valid], known)
+            if new:
+                self.inferred |= new
+                self._is_port[list(new)] = True
+        to_sw, from_sw = self._is_port[dport], self._is_port[sport]
+        rows = np.flatnonzero(to_sw | from_sw)
+        if rows.size == 0:
+            return
+        # the switch's addresses, from the packets whose direction is plain
+        plain = rows[to_sw[rows] != from_sw[rows]]
+        side_ip = np.where(to_sw[plain], batch.dst_ip[plain], batch.src_ip[plain])
+        side_port = np.where(to_sw[plain], dport[plain], sport[plain])
+        for key in np.unique((side_ip << 16) | side_port).tolist():
+            self.switches.add((key >> 16, key & 0xFFFF))
+
+        # every header field of the batch's SwitchML rows at once
+        hdr = gather(batch.data, batch.start[rows], wire.HEADER_LEN)
+        fields = hdr.view(wire.HEADER_DTYPE).reshape(-1)
+        pi = fields["pool_index"].astype(np.int64)
+        k = self.values_shown
+        vals = (
+            gather(batch.data, batch.start[rows] + wire.HEADER_LEN, 4 * k)
+            .view(wire.VALUE_DTYPE)
+            .reshape(-1, k)
+        )
+        cols = (
+            batch.frame[rows],
+            batch.ts[rows],
+            batch.src_ip[rows],
+            sport[rows],
+            batch.dst_ip[rows],
+            dport[rows],
+            batch.length[rows],
+            batch.truncated[rows],
+            valid[rows],
+            to_sw[rows],
+            from_sw[rows],
+            fields["type_size"] & 7,
+            fields["job_number"],
+            fields["tsi"],
+            (pi >> 15) & 1,
+            pi & wire.SLOT_MASK,
+            fields["e0"],
+            fields["e1"],
+            batch.start[rows],
+        )
+        values = vals.tolist()
+        data = batch.data
+        switches, last_sent, rounds = self.switches, self._last_sent, self._rounds
+        pending = self._pending
+        instant = self.instant
+        for j, row in enumerate(zip(*(c.tolist() for c in cols))):
+            (frame, ts, sip, sp, dip, dp, length, trunc, ok, t_sw, f_sw) = row[:11]
+            src, dst = (sip, sp), (dip, dp)
+            if t_sw and f_sw:  # both ends on switch ports: trust what the rest says
+                t_sw = not (src in switches and dst not in switches)
+            worker, switch = (src, dst) if t_sw else (dst, src)
+            if self._t0 is None:
+                self._t0 = ts
+            rel = round(ts - self._t0, 9)  # captures resolve µs or ns: drop float noise
+            direction = TO_SWITCH if t_sw else FROM_SWITCH
+            ev = Event(frame, rel, direction, worker, switch, MALFORMED, length)
+            pending.append((ts, ev))
+            if not ok:
+                s = int(cols[-1][j])
+                try:
+                    wire.decode(data[s : s + length].tobytes())
+                    reason = "not a SwitchML packet"  # unreachable: the checks agree
+                except wire.PacketError as exc:
+                    reason = str(exc)
+                ev.note = ("truncated in the capture: " if trunc else "") + reason
+                continue
+            code, job, tsi, set_, slot, e0, e1, start = row[11:]
+            ev.size_code, ev.job_number, ev.tsi = code, job, tsi
+            ev.set, ev.slot, ev.e0, ev.e1 = set_, slot, e0, e1
+            ev.values = tuple(values[j][: 32 << code])
+            if tsi >= wire.EXP_TSI_BASE:
+                ev.note = f"exponent packet of chunk {tsi - wire.EXP_TSI_BASE}"
+            rkey = (switch, slot, set_)
+
+            if t_sw:
+                key = (worker, switch, slot)
+                prev = last_sent.get(key)
+                if prev is not None and prev[0] == set_:
+                    ev.kind = RETRANSMISSION
+                    if prev[1:] != (tsi, job):
+                        ev.note = (
+                            f"set {set_} not flipped (or the session was registered again): "
+                            f"the switch takes this for a retransmission of tsi {prev[1]} "
+                            f"job {prev[2]}"
+                        )
+                else:
+                    ev.kind = CONTRIBUTION
+                    if rounds.get(rkey) is not None:
+                        rounds[rkey] = None  # the set was released and is used again
+                last_sent[key] = (set_, tsi, job)
+                continue
+
+            # A round of (slot, set) has one multicast, one copy per worker; any
+            # other result of the round answers a retransmission: a unicast.
+            payload = data[start : start + length].tobytes()
+            mc = rounds.get(rkey)
+            if mc is None:
+                mc = rounds[rkey] = _Multicast(self._groups, ts, payload, {worker}, [ev])
+                self._groups += 1
+            elif worker not in mc.workers and payload == mc.payload and ts - mc.ts <= instant:
+                mc.workers.add(worker)
+                mc.members.append(ev)
+            else:
+                ev.kind = UNICAST
+                ev.fanout = 1
+                continue
+            ev.kind = MULTICAST
+            ev.group = mc.group
+            for member in mc.members:
+                member.fanout = len(mc.members)
+
+
+def _batches(packets: Iterable[CapturedPacket], size: int = 4096) -> Iterator[PacketBatch]:
+    chunk: list[CapturedPacket] = []
+    first = 1
+    for p in packets:
+        chunk.append(p)
+        if len(chunk) == size:
+            yield PacketBatch.from_packets(chunk, first)
+            first += len(chunk)
+            chunk = []
+    if chunk:
+        yield PacketBatch.from_packets(chunk, first)
+
+
+def decode_batches(batches: Iterable[PacketBatch], decoder: Decoder) -> Iterator[Event]:
+    """The events of ``batches``, each as soon as it is final (see :class:`Decoder`)."""
+    for batch in batches:
+        yield from decoder.feed(batch)
+    yield from decoder.finish()
+
+
 def timeline(
-    packets: Iterable[CapturedPacket], *, values_shown: int = 4, instant: float = 1e-3
+    packets: Iterable[CapturedPacket],
+    *,
+    ports: Collection[int] | None = None,
+    values_shown: int = 4,
+    instant: float = 1e-3,
 ) -> list[Event]:
     """Decode and classify the SwitchML packets of a capture, in capture order.
 
-    ``instant`` is how far apart (in seconds) the copies of one multicast may
-    be; ``values_shown`` how many values each event keeps.
+    ``ports`` are the switch's UDP ports (default: 0xBEE0-0xBEEF and those
+    inferred, see :class:`Decoder`); ``instant`` is how far apart (in seconds)
+    the copies of one multicast may be; ``values_shown`` how many values each
+    event keeps.
     """
-    pkts = list(packets)
-    switches: set[Address] = set()
-    for p in pkts:  # the switch's addresses, from the unambiguous packets
-        to_sw, from_sw = is_switchml_port(p.dst[1]), is_switchml_port(p.src[1])
-        if to_sw != from_sw:
-            switches.add(p.dst if to_sw else p.src)
-
-    events: list[Event] = []
-    t0: float | None = None
-    # (worker, switch, slot) -> the worker's last packet there: (set, tsi, job_number)
-    last_sent: dict[tuple[Address, Address, int], tuple[int, int, int]] = {}
-    # (switch, slot, set) -> this round's multicast (None: not seen yet)
-    rounds: dict[tuple[Address, int, int], _Multicast | None] = {}
-    n_groups = 0
-
-    for i, p in enumerate(pkts):
-        direction = _direction(p, switches)
-        if direction is None:
-            continue
-        if t0 is None:
-            t0 = p.ts
-        to_sw = direction == TO_SWITCH
-        worker, switch = (p.src, p.dst) if to_sw else (p.dst, p.src)
-        rel = round(p.ts - t0, 9)  # captures resolve µs or ns: drop float noise
-        ev = Event(p.frame or i + 1, rel, direction, worker, switch, MALFORMED, len(p.payload))
-        events.append(ev)
-        try:
-            pkt = wire.decode(p.payload)
-        except wire.PacketError as exc:
-            ev.note = ("truncated in the capture: " if p.truncated else "") + str(exc)
-            continue
-        ev.size_code, ev.job_number, ev.tsi = pkt.size_code, pkt.job_number, pkt.tsi
-        ev.set, ev.slot, ev.e0, ev.e1 = pkt.set, pkt.slot, pkt.e0, pkt.e1
-        ev.values = tuple(int(v) for v in pkt.values[:values_shown])
-        if pkt.tsi >= wire.EXP_TSI_BASE:
-            ev.note = f"exponent packet of chunk {pkt.tsi - wire.EXP_TSI_BASE}"
-        rkey = (switch, pkt.slot, pkt.set)
-
-        if to_sw:
-            key = (worker, switch, pkt.slot)
-            prev = last_sent.get(key)
-            if prev is not None and prev[0] == pkt.set:
-                ev.kind = RETRANSMISSION
-                if prev[1:] != (pkt.tsi, pkt.job_number):
-                    ev.note = (
-                        f"set {pkt.set} not flipped (or the session was registered again): "
-                        f"the switch takes this for a retransmission of tsi {prev[1]} "
-                        f"job {prev[2]}"
-                    )
-            else:
-                ev.kind = CONTRIBUTION
-                if rounds.get(rkey) is not None:
-                    rounds[rkey] = None  # the set was released and is used again: a new round
-            last_sent[key] = (pkt.set, pkt.tsi, pkt.job_number)
-            continue
-
-        # A round of (slot, set) has one multicast, one copy per worker; any
-        # other result of the round answers a retransmission: a unicast.
-        payload = bytes(p.payload)
-        mc = rounds.get(rkey)
-        if mc is None:
-            mc = rounds[rkey] = _Multicast(n_groups, p.ts, payload, {worker}, [ev])
-            n_groups += 1
-        elif worker not in mc.workers and payload == mc.payload and p.ts - mc.ts <= instant:
-            mc.workers.add(worker)
-            mc.members.append(ev)
-        else:
-            ev.kind = UNICAST
-            ev.fanout = 1
-            continue
-        ev.kind = MULTICAST
-        ev.group = mc.group
-        for member in mc.members:
-            member.fanout = len(mc.members)
-    return events
+    decoder = Decoder(ports=ports, values_shown=values_shown, instant=instant)
+    return list(decode_batches(_batches(packets), decoder))
 
 
 def _slot_key(ev: Event) -> tuple[bool, int, int, int]:
@@ -247,6 +445,9 @@ def render_timeline(
     (in capture order, after the slot filter). Malformed packets, which have no
     slot, come last and are left out when ``slot`` is given.
     """
+    from rich.table import Table
+    from rich.text import Text
+
     shown = [e for e in events if slot is None or e.slot == slot]
     total = len(shown)
     if limit is not None:
@@ -299,29 +500,19 @@ def _values(ev: Event) -> str:
     return "[" + ", ".join(map(str, ev.values)) + more + "]"
 
 
-def summary(events: list[Event]) -> dict[str, Any]:
-    """Counts of a timeline, JSON-ready: per worker, results, malformed packets.
+_KIND_FIELD = {
+    CONTRIBUTION: "contributions",
+    RETRANSMISSION: "retransmissions",
+    MULTICAST: "results_multicast",
+    UNICAST: "results_unicast",
+}
 
-    Per worker ``packets`` counts what the worker sent (malformed ones too),
-    ``results_*`` what it received. ``results.multicast`` counts multicasts
-    (one per group), ``results.multicast_packets`` their copies.
-    """
-    per_worker: dict[Address, Counter[str]] = defaultdict(Counter)
-    fields = {
-        CONTRIBUTION: "contributions",
-        RETRANSMISSION: "retransmissions",
-        MULTICAST: "results_multicast",
-        UNICAST: "results_unicast",
-    }
-    for ev in events:
-        c = per_worker[ev.worker]
-        if ev.direction == TO_SWITCH:
-            c["packets"] += 1
-        if ev.kind == MALFORMED:
-            c["malformed"] += 1
-        else:
-            c[fields[ev.kind]] += 1
-    names = (
+
+class Summary:
+    """Counts of a timeline, kept up to date one event at a time (:meth:`add`),
+    so that a decoder streaming its events can still report the whole capture."""
+
+    NAMES = (
         "packets",
         "contributions",
         "retransmissions",
@@ -329,20 +520,62 @@ def summary(events: list[Event]) -> dict[str, Any]:
         "results_unicast",
         "malformed",
     )
-    multicast = [e for e in events if e.kind == MULTICAST]
-    return {
-        "events": len(events),
-        "duration": max((e.time for e in events), default=0.0),
-        "switches": sorted({format_addr(e.switch) for e in events}),
-        "slots": len({(e.switch, e.slot) for e in events if e.slot is not None}),
-        "workers": {
-            format_addr(w): {n: c[n] for n in names} for w, c in sorted(per_worker.items())
-        },
-        "results": {
-            "multicast": len({e.group for e in multicast}),
-            "multicast_packets": len(multicast),
-            "unicast": sum(e.kind == UNICAST for e in events),
-        },
-        "retransmissions": sum(e.kind == RETRANSMISSION for e in events),
-        "malformed": sum(e.kind == MALFORMED for e in events),
-    }
+
+    def __init__(self) -> None:
+        self.per_worker: dict[Address, Counter[str]] = defaultdict(Counter)
+        self.kinds: Counter[str] = Counter()
+        self.events = 0
+        self.duration = 0.0
+        self.switches: set[Address] = set()
+        self.slots: set[tuple[Address, int]] = set()
+        self.groups: set[int] = set()
+
+    def add(self, ev: Event) -> None:
+        """Count one event."""
+        self.events += 1
+        self.duration = max(self.duration, ev.time)
+        self.switches.add(ev.switch)
+        self.kinds[ev.kind] += 1
+        c = self.per_worker[ev.worker]
+        if ev.direction == TO_SWITCH:
+            c["packets"] += 1
+        if ev.kind == MALFORMED:
+            c["malformed"] += 1
+        else:
+            c[_KIND_FIELD[ev.kind]] += 1
+            self.slots.add((ev.switch, ev.slot))
+        if ev.group is not None:
+            self.groups.add(ev.group)
+
+    def result(self) -> dict[str, Any]:
+        """The counts, JSON-ready (see :func:`summary`)."""
+        return {
+            "events": self.events,
+            "duration": self.duration,
+            "switches": sorted(format_addr(s) for s in self.switches),
+            "slots": len(self.slots),
+            "workers": {
+                format_addr(w): {n: c[n] for n in self.NAMES}
+                for w, c in sorted(self.per_worker.items())
+            },
+            "results": {
+                "multicast": len(self.groups),
+                "multicast_packets": self.kinds[MULTICAST],
+                "unicast": self.kinds[UNICAST],
+            },
+            "retransmissions": self.kinds[RETRANSMISSION],
+            "malformed": self.kinds[MALFORMED],
+        }
+
+
+def summary(events: Iterable[Event]) -> dict[str, Any]:
+    """Counts of a timeline, JSON-ready: per worker, results, malformed packets.
+
+    Per worker ``packets`` counts what the worker sent (malformed ones too),
+    ``results_*`` what it received. ``results.multicast`` counts multicasts
+    (one per group), ``results.multicast_packets`` their copies.
+    """
+    s = Summary()
+    for ev in events:
+        s.add(ev)
+    return s.result()

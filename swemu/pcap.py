@@ -13,6 +13,12 @@ a file size: once a packet does not fit, the capture is *full* and every later
 packet is counted in :attr:`PcapWriter.dropped` instead of being written, so the
 file is always a prefix of the traffic and never grows without limit.
 
+Reading is for any classic pcap (tcpdump's and Wireshark's too):
+:func:`read_pcap_batches` parses a chunk of the file at a time with numpy into
+:class:`PacketBatch` columns, so a 1 GiB capture costs no Python per packet;
+:func:`read_pcap` hands the same packets out one :class:`CapturedPacket` at a
+time.
+
 This module never imports scapy (GPL-2.0, an optional extra): the core writes
 and reads captures on its own.
 """
@@ -392,57 +398,204 @@ class CapturedPacket:
     frame: int = 0  # record number in the file, counted from 1 as Wireshark does
 
 
-def _l3_offset(linktype: int, data: bytes) -> int | None:
-    """Offset of the IPv4 header in a record, or None if the record is not IPv4."""
+@dataclass
+class PacketBatch:
+    """The UDP/IPv4 datagrams of a stretch of a capture, as columns.
+
+    Packet ``i`` is ``data[start[i] : start[i] + length[i]]`` (its captured
+    payload), sent by ``(src_ip[i], src_port[i])`` to ``(dst_ip[i], dst_port[i])``
+    at ``ts[i]``; ``frame`` is its record number in the file (from 1). Columns
+    are int64 (``ts`` float64, ``truncated`` bool), so that a decoder can work
+    on all packets of a batch at once and touch single packets only where it
+    must.
+    """
+
+    data: np.ndarray  # uint8: the bytes the payloads lie in
+    frame: np.ndarray
+    ts: np.ndarray
+    src_ip: np.ndarray
+    src_port: np.ndarray
+    dst_ip: np.ndarray
+    dst_port: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+    truncated: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.frame.shape[0])
+
+    def payload(self, i: int) -> bytes:
+        """The captured payload of packet ``i``."""
+        s = int(self.start[i])
+        return self.data[s : s + int(self.length[i])].tobytes()
+
+    def packets(self) -> Iterator[CapturedPacket]:
+        """The batch as :class:`CapturedPacket` objects, one at a time."""
+        cols = (self.ts, self.src_ip, self.src_port, self.dst_ip, self.dst_port)
+        ts, sip, sport, dip, dport = (c.tolist() for c in cols)
+        for i, (frame, trunc) in enumerate(zip(self.frame.tolist(), self.truncated.tolist())):
+            yield CapturedPacket(
+                ts[i], (sip[i], sport[i]), (dip[i], dport[i]), self.payload(i), trunc, frame
+            )
+
+    @classmethod
+    def from_packets(cls, packets: list[CapturedPacket], first: int = 1) -> PacketBatch:
+        """Columns of already-read packets (a frame of 0 becomes the packet's
+        position, counted from ``first``)."""
+        lengths = np.array([len(p.payload) for p in packets], np.int64)
+        start = np.zeros(len(packets), np.int64)
+        if len(packets) > 1:
+            start[1:] = np.cumsum(lengths[:-1])
+        data = np.frombuffer(b"".join(p.payload for p in packets), np.uint8)
+
+        def col(values: list, dtype: type = np.int64) -> np.ndarray:
+            return np.array(values, dtype).reshape(-1)
+
+        return cls(
+            data=data,
+            frame=col([p.frame or first + i for i, p in enumerate(packets)]),
+            ts=col([p.ts for p in packets], np.float64),
+            src_ip=col([p.src[0] for p in packets]),
+            src_port=col([p.src[1] for p in packets]),
+            dst_ip=col([p.dst[0] for p in packets]),
+            dst_port=col([p.dst[1] for p in packets]),
+            start=start,
+            length=lengths,
+            truncated=col([p.truncated for p in packets], bool),
+        )
+
+
+def gather(a: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
+    """``a[at[i] : at[i] + width]`` for every i, as an (n, width) uint8 array;
+    bytes past the end of ``a`` repeat its last byte (callers mask what lies
+    outside a record)."""
+    idx = at[:, None] + np.arange(width)
+    np.clip(idx, 0, max(a.shape[0] - 1, 0), out=idx)
+    return a[idx] if a.shape[0] else np.zeros(idx.shape, np.uint8)
+
+
+def _be(a: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
+    """Big-endian unsigned integers of ``width`` bytes at ``at`` (int64)."""
+    b = gather(a, at, width).astype(np.int64)
+    out = b[:, 0]
+    for k in range(1, width):
+        out = (out << 8) | b[:, k]
+    return out
+
+
+def _record_offsets(buf: bytes, order: str, path: object) -> tuple[np.ndarray, int]:
+    """Offsets of the whole records in ``buf`` (a stretch of a capture that starts
+    with a record header) and the offset where the first incomplete one starts.
+
+    Captures mostly hold runs of records of one size (one job, one size code):
+    such a run is checked with one numpy comparison over guesses ``pos + k *
+    size``, so Python runs once per run of equal records, not once per record.
+    """
+    a = np.frombuffer(buf, np.uint8)
+    n = len(buf)
+    byteorder = "little" if order == "<" else "big"
+    u32 = np.dtype(order + "u4")
+    runs: list[np.ndarray] = []
+    pos = 0
+    while pos + RECORD_HEADER_LEN <= n:
+        incl = int.from_bytes(buf[pos + 8 : pos + 12], byteorder)
+        if incl > 0x3FFFFFFF:
+            raise PcapError(f"{path}: a record claims {incl} bytes (a damaged capture?)")
+        size = RECORD_HEADER_LEN + incl
+        if pos + size > n:
+            break
+        run, window = 1, 16
+        while True:  # how many records of this size follow, in windows growing 4x
+            k = min(window, (n - pos) // size)
+            if k <= run:
+                break
+            at = pos + size * np.arange(run, k, dtype=np.int64) + 8
+            got = gather(a, at, 4).view(u32).reshape(-1)
+            bad = np.flatnonzero(got != incl)
+            if bad.size:
+                run += int(bad[0])
+                break
+            run, window = k, window * 4
+        runs.append(pos + size * np.arange(run, dtype=np.int64))
+        pos += size * run
+    offsets = np.concatenate(runs) if runs else np.zeros(0, np.int64)
+    return offsets, pos
+
+
+def _parse_records(
+    a: np.ndarray, off: np.ndarray, order: str, scale: float, linktype: int
+) -> tuple[np.ndarray, ...]:
+    """Parse the records at ``off`` in ``a`` all at once: a mask of the UDP/IPv4
+    ones and, for those, (ts, src_ip, src_port, dst_ip, dst_port, payload start,
+    payload length, truncated)."""
+    u32 = np.dtype(order + "u4")
+    hdr = gather(a, off, RECORD_HEADER_LEN).view(u32)  # ts_sec, ts_frac, incl, orig
+    sec, frac, caplen = hdr[:, 0], hdr[:, 1], hdr[:, 2].astype(np.int64)
+    d = off + RECORD_HEADER_LEN  # each record's data
+    n = off.shape[0]
     if linktype == LINKTYPE_ETHERNET:
-        off, etype = ETH_LEN, None
-        if len(data) >= ETH_LEN:
-            etype = int.from_bytes(data[12:14], "big")
-        while etype in (0x8100, 0x88A8) and len(data) >= off + 4:  # VLAN / QinQ tags
-            etype = int.from_bytes(data[off + 2 : off + 4], "big")
-            off += 4
-        return off if etype == ETHERTYPE_IPV4 else None
-    if linktype == LINKTYPE_LINUX_SLL:
-        ok = len(data) >= 16 and data[14:16] == b"\x08\x00"
-        return 16 if ok else None
-    if linktype == LINKTYPE_LINUX_SLL2:
-        return 20 if data[0:2] == b"\x08\x00" else None
-    if linktype in LINKTYPES_RAW_IPV4:
-        return 0
-    raise PcapError(f"link type {linktype} is not supported (Ethernet, Linux SLL, raw IP are)")
+        l3 = np.full(n, ETH_LEN, np.int64)
+        ok = caplen >= ETH_LEN
+        etype = np.where(ok, _be(a, d + 12, 2), -1)
+        tagged = ((etype == 0x8100) | (etype == 0x88A8)) & (caplen >= l3 + 4)
+        while tagged.any():  # VLAN / QinQ tags, as many as there are
+            etype = np.where(tagged, _be(a, d + l3 + 2, 2), etype)
+            l3 = l3 + 4 * tagged
+            tagged = ((etype == 0x8100) | (etype == 0x88A8)) & (caplen >= l3 + 4) & tagged
+        ok = etype == ETHERTYPE_IPV4
+    elif linktype == LINKTYPE_LINUX_SLL:
+        l3 = np.full(n, 16, np.int64)
+        ok = (caplen >= 16) & (_be(a, d + 14, 2) == ETHERTYPE_IPV4)
+    elif linktype == LINKTYPE_LINUX_SLL2:
+        l3 = np.full(n, 20, np.int64)
+        ok = (caplen >= 2) & (_be(a, d, 2) == ETHERTYPE_IPV4)
+    elif linktype in LINKTYPES_RAW_IPV4:
+        l3 = np.zeros(n, np.int64)
+        ok = np.ones(n, bool)
+    else:
+        raise PcapError(f"link type {linktype} is not supported (Ethernet, Linux SLL, raw IP are)")
+    ip = d + l3
+    ip_hdr = gather(a, ip, IPV4_LEN).astype(np.int64)
+    ok &= (caplen >= l3 + IPV4_LEN) & (ip_hdr[:, 0] >> 4 == 4)
+    ihl = (ip_hdr[:, 0] & 0x0F) * 4
+    total_len = (ip_hdr[:, 2] << 8) | ip_hdr[:, 3]
+    frag = (ip_hdr[:, 6] << 8) | ip_hdr[:, 7]
+    # not UDP, or a later fragment (no UDP header of its own)
+    ok &= (ip_hdr[:, 9] == IPPROTO_UDP) & (ihl >= IPV4_LEN) & (frag & 0x1FFF == 0)
+    udp = l3 + ihl  # relative to the record's data
+    ok &= caplen >= udp + UDP_LEN
+    keep = np.flatnonzero(ok)
+    ip_hdr, d, udp, caplen, l3 = ip_hdr[keep], d[keep], udp[keep], caplen[keep], l3[keep]
+    total_len, frag = total_len[keep], frag[keep]
+    words = gather(a, d + udp, UDP_LEN).astype(np.int64)
+    sport = (words[:, 0] << 8) | words[:, 1]
+    dport = (words[:, 2] << 8) | words[:, 3]
+    udp_len = (words[:, 4] << 8) | words[:, 5]
+    src_ip = (ip_hdr[:, 12] << 24) | (ip_hdr[:, 13] << 16) | (ip_hdr[:, 14] << 8) | ip_hdr[:, 15]
+    dst_ip = (ip_hdr[:, 16] << 24) | (ip_hdr[:, 17] << 16) | (ip_hdr[:, 18] << 8) | ip_hdr[:, 19]
+    want = np.maximum(udp_len - UDP_LEN, 0)
+    first = udp + UDP_LEN
+    end = np.minimum(np.minimum(first + want, l3 + total_len), caplen)
+    length = np.maximum(end - first, 0)
+    truncated = (length < want) | (frag & 0x2000 != 0)  # MF: first fragment only
+    ts = sec[keep].astype(np.float64) + frac[keep] * scale
+    return keep, ts, src_ip, sport, dst_ip, dport, d + first, length, truncated
 
 
-_Udp = tuple[tuple[int, int], tuple[int, int], bytes, bool]
-
-
-def _parse_udp(data: bytes, off: int) -> _Udp | None:
-    """Addresses, payload and truncation flag of a UDP/IPv4 packet at ``off``."""
-    if len(data) < off + IPV4_LEN or data[off] >> 4 != 4:
-        return None
-    ihl = (data[off] & 0x0F) * 4
-    total_len, frag = struct.unpack_from("!H2xH", data, off + 2)
-    if data[off + 9] != IPPROTO_UDP or ihl < IPV4_LEN or frag & 0x1FFF:
-        return None  # not UDP, or a later fragment (no UDP header of its own)
-    src_ip, dst_ip = struct.unpack_from("!II", data, off + 12)
-    udp = off + ihl
-    if len(data) < udp + UDP_LEN:
-        return None
-    sport, dport, udp_len = struct.unpack_from("!HHH", data, udp)
-    want = max(udp_len - UDP_LEN, 0)
-    end = min(udp + UDP_LEN + want, off + total_len, len(data))
-    payload = data[udp + UDP_LEN : end]
-    truncated = len(payload) < want or bool(frag & 0x2000)  # MF: first fragment only
-    return (src_ip, sport), (dst_ip, dport), payload, truncated
-
-
-def read_pcap(path: str | PathLike[str]) -> Iterator[CapturedPacket]:
-    """Yield the UDP/IPv4 datagrams of a classic pcap file, in file order.
+def read_pcap_batches(
+    path: str | PathLike[str], *, chunk_bytes: int = 8 << 20
+) -> Iterator[PacketBatch]:
+    """Yield the UDP/IPv4 datagrams of a classic pcap file as
+    :class:`PacketBatch` columns, about ``chunk_bytes`` of file at a time.
 
     Reads both byte orders, microsecond and nanosecond files, and Ethernet
     (VLAN-tagged too), Linux cooked (``tcpdump -i any``) and raw IPv4 link
     types; other packets are skipped. A record cut short at the end of the file
-    (a capture still being written) ends the iteration quietly.
+    (a capture still being written) ends the iteration quietly. Records are
+    parsed with numpy, a chunk at a time: no Python runs per packet.
     """
+    if chunk_bytes < 1:
+        raise ValueError("chunk_bytes must be positive")
     with open(path, "rb") as f:
         head = f.read(GLOBAL_HEADER_LEN)
         if len(head) < GLOBAL_HEADER_LEN:
@@ -456,22 +609,31 @@ def read_pcap(path: str | PathLike[str]) -> Iterator[CapturedPacket]:
         scale = 1e-9 if magic == PCAP_MAGIC_NS else 1e-6
         *_, linktype = struct.unpack(order + "IHHiIII", head)
         linktype &= 0xFFFF  # the upper bits may hold FCS flags
-        record = struct.Struct(order + "IIII")
-        frame = 0
+        frames = 0
+        rest = b""
+        want = chunk_bytes
         while True:
-            rh = f.read(RECORD_HEADER_LEN)
-            if len(rh) < RECORD_HEADER_LEN:
-                return
-            sec, frac, incl, _orig = record.unpack(rh)
-            if incl > 0x3FFFFFFF:
-                raise PcapError(f"{path}: record {frame + 1} claims {incl} bytes")
-            data = f.read(incl)
-            if len(data) < incl:
-                return
-            frame += 1
-            off = _l3_offset(linktype, data)
-            parsed = None if off is None else _parse_udp(data, off)
-            if parsed is None:
+            more = f.read(want)
+            buf = rest + more if rest else more
+            offsets, used = _record_offsets(buf, order, path)
+            if offsets.shape[0] == 0:
+                if not more:
+                    return  # the end, or a record cut short at the end
+                rest, want = buf, max(want, 2 * len(buf))  # one record larger than a chunk
                 continue
-            src, dst, payload, truncated = parsed
-            yield CapturedPacket(sec + frac * scale, src, dst, payload, truncated, frame)
+            want = chunk_bytes
+            a = np.frombuffer(buf, np.uint8)
+            keep, *cols = _parse_records(a, offsets, order, scale, linktype)
+            ts, sip, sport, dip, dport, start, length, truncated = cols
+            yield PacketBatch(
+                a, frames + 1 + keep, ts, sip, sport, dip, dport, start, length, truncated
+            )
+            frames += int(offsets.shape[0])
+            rest = buf[used:]
+
+
+def read_pcap(path: str | PathLike[str]) -> Iterator[CapturedPacket]:
+    """Yield the UDP/IPv4 datagrams of a classic pcap file, in file order, one
+    :class:`CapturedPacket` at a time (:func:`read_pcap_batches` reads them)."""
+    for batch in read_pcap_batches(path):
+        yield from batch.packets()

@@ -89,6 +89,37 @@ def test_port_in_use_is_one_line():
     assert "cannot listen for UDP" in one_line_error(p)
 
 
+def test_control_port_in_use_is_one_line():
+    """gRPC's C core logs its own bind failure unless told not to: the entry
+    point silences it, so the user sees our one line only."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    env = child_env()
+    env.pop("GRPC_VERBOSITY", None)
+    try:
+        p = subprocess.run(
+            [
+                *EMU,
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--control-port",
+                str(s.getsockname()[1]),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+    finally:
+        s.close()
+    assert p.returncode == 1
+    assert "cannot listen for gRPC" in one_line_error(p)
+
+
 def test_serve_stops_cleanly_on_sigterm(tmp_path):
     ready = tmp_path / "ready.json"
     proc = subprocess.Popen(

@@ -73,6 +73,7 @@ def test_rack_is_removed_after_an_error(netns):
 def test_smoke_switchml_and_ring_on_shaped_links(netns):
     """2 workers, 0.5 Gbit/s, 1 MiB, one rep: results exact/within bound, the traffic
     crossed the shaped links at no more than their rate, nothing is left behind."""
+    pytest.importorskip("torch")  # the rack's workers use torch.distributed
     prefix = bc.default_prefix()
     config = bc.BenchConfig(
         rates_gbps=(0.5,),
@@ -98,6 +99,7 @@ def test_smoke_switchml_and_ring_on_shaped_links(netns):
 
 
 def test_sigterm_removes_the_rack_and_its_processes(netns, tmp_path):
+    pytest.importorskip("torch")  # `switchml cluster run` refuses to start without it
     out = tmp_path / "r.json"
     argv = [*SWITCHML, "cluster", "run", "--rates", "0.5", "--workers", "2", "--sizes", "1Mi"]
     argv += ["--reps", "1000", "--methods", "ring", "--json", str(out), "--plot", ""]
@@ -161,5 +163,6 @@ def test_results_json_roundtrip(tmp_path):
     assert len(doc["records"]) == 6
     sp = {s["workers"]: s for s in doc["speedups"]}
     assert sp[4]["vs_ring"] == pytest.approx(1.5) and sp[4]["vs_ring_theory"] == pytest.approx(1.5)
+    pytest.importorskip("matplotlib")
     bc.plot_speedup(rows, tmp_path / "c.png")
     assert (tmp_path / "c.png").stat().st_size > 1000

@@ -437,3 +437,178 @@ def test_decoder_agrees_with_the_switch(tmp_path: Path, seed: int) -> None:
     s = summary(events)
     assert s["results"]["multicast_packets"] == num_workers * s["results"]["multicast"]
     assert s["results"]["multicast"] == chunks
+
+
+# ------------------------------------------------- the switch's port, inferred
+def test_infer_switch_ports() -> None:
+    from swemu.decode import infer_switch_ports
+
+    # three workers and a switch on 48890: the switch's port is in every packet
+    sport = [40001, 40002, 40003, 48890, 48890, 48890]
+    dport = [48890, 48890, 48890, 40001, 40002, 40003]
+    assert infer_switch_ports(sport, dport) == {48890}
+    # two shards (two switch ports), each with its workers
+    two = infer_switch_ports([1, 2, 9000, 9000, 3, 4, 9001], [9000, 9000, 1, 2, 9001, 9001, 3])
+    assert two == {9000, 9001}
+    # one worker: a tie, won by the destination of the first packet (workers speak first)
+    assert infer_switch_ports([40001, 48890, 40001], [48890, 40001, 48890]) == {48890}
+    assert infer_switch_ports([48890, 40001], [40001, 48890]) == {40001}  # mid-stream: fooled
+    # ... or by a port of 0xBEE0-0xBEEF
+    assert infer_switch_ports([48890, 0xBEE5], [0xBEE5, 48890]) == {0xBEE5}
+    # packets explained by known ports are left out
+    assert infer_switch_ports([1, 0xBEE0, 7, 7], [0xBEE0, 1, 5000, 5001], known=[0xBEE0]) == {7}
+    assert infer_switch_ports([], []) == set()
+
+
+def test_switch_on_any_port(tmp_path: Path) -> None:
+    """A switch on 48890 (`serve --port 48890`) is found without being told."""
+    sw = (SWITCH[0], 48890)
+    traffic = [
+        (d, sw if s == SWITCH else s, sw if t == SWITCH else t, dt) for d, s, t, dt in exchange()
+    ]
+    want = [e.kind for e in capture(tmp_path, exchange())]
+    events = capture(tmp_path, traffic)
+    assert [e.kind for e in events] == want
+    assert all(e.switch == sw for e in events)
+    # told the wrong port, the decoder sees no SwitchML traffic; told the right one, all of it
+    path = tmp_path / "x.pcap"
+    assert timeline(read_pcap(path), ports=[0xBEE0]) == []
+    assert len(timeline(read_pcap(path), ports=[48890])) == len(events)
+
+
+def test_decoder_streams_and_holds_multicasts_until_final(tmp_path: Path) -> None:
+    """Events come out batch by batch, but a result only once no copy can follow
+    (its fanout is final); a burst in one instant is released at ``hold``."""
+    from swemu.decode import Decoder
+    from swemu.pcap import read_pcap_batches
+
+    path = tmp_path / "s.pcap"
+    with PcapWriter(path) as w:
+        for i in range(40):  # 20 rounds of slot 0, 10 ms apart, sets alternating
+            t = T0 + i // 2 * 0.01
+            if i % 2 == 0:
+                w.write(pkt(slot=0, tsi=i, set_=i // 2 % 2), A, SWITCH, t)
+            else:
+                w.write(pkt(slot=0, tsi=i - 1, set_=i // 2 % 2, fill=2), SWITCH, A, t + 0.0005)
+        w.write(pkt(slot=0, tsi=38, set_=1, fill=2), SWITCH, B, T0 + 0.19 + 0.0008)
+    dec = Decoder()
+    batches = read_pcap_batches(path, chunk_bytes=2000)  # 13 records a batch
+    first = dec.feed(next(batches))
+    assert 0 < len(first) < 13  # the last round of the batch is held
+    streamed = first + [e for b in batches for e in dec.feed(b)]
+    assert len(streamed) < 41  # the last round waits for the end
+    streamed += dec.finish()
+    events = timeline(read_pcap(path))
+    assert [e.frame for e in streamed] == [e.frame for e in events] == list(range(1, 42))
+    assert [(e.kind, e.fanout) for e in streamed] == [(e.kind, e.fanout) for e in events]
+    assert events[-2].fanout == 2 and events[-1].kind == MULTICAST  # B's copy joined A's
+
+    burst = Decoder(hold=4)
+    with PcapWriter(tmp_path / "b.pcap") as w:
+        for s in range(10):
+            w.write(pkt(slot=s), A, SWITCH, T0)  # all in one instant
+    got = burst.feed(next(read_pcap_batches(tmp_path / "b.pcap")))
+    assert len(got) == 6 and len(burst.finish()) == 4
+
+
+# ------------------------------------------------------------------- the CLI
+def test_decode_cli_streams_and_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
+    """`switchml-emu decode big.pcap | head`: the first rows come, the pipe closes,
+    the command ends with status 0 and says nothing on stderr."""
+    import subprocess
+    import sys
+
+    from swemu.launch import child_env
+
+    path = tmp_path / "big.pcap"
+    n = 20_000
+    buf = np.zeros((n, wire.packet_len(0)), np.uint8)
+    buf[:] = np.frombuffer(pkt(), np.uint8)
+    rank = np.arange(n) % 4
+    with PcapWriter(path, max_packets=None) as w:
+        w.write_batch(buf, np.full(n, buf.shape[1]), 0x0A000001 + rank, 40000 + rank, *SWITCH, T0)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from cli.main import emu_main; emu_main()", "decode", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=child_env(),
+    )
+    head = [proc.stdout.readline() for _ in range(3)]
+    proc.stdout.close()  # as `head -3` does
+    assert proc.wait(timeout=120) == 0
+    assert proc.stderr.read() == b""
+    assert b"port:slot" in head[0] and b"0xbee3:4242" in head[1] and b"contribution" in head[1]
+
+
+def test_decode_cli_port_and_no_packets(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from cli.main import emu as emu_cli
+
+    sw = (SWITCH[0], 48890)
+    path = tmp_path / "p.pcap"
+    with PcapWriter(path) as w:
+        w.write(pkt(), A, sw, T0)
+        w.write(pkt(fill=1), sw, A, T0 + 0.001)
+    run = CliRunner(catch_exceptions=False).invoke
+    r = run(emu_cli, ["decode", str(path)])
+    assert r.exit_code == 0 and "48890:4242" in r.output and "2 of 2 events" in r.output
+    r = run(emu_cli, ["decode", str(path), "--port", "48890", "--json"])
+    doc = json.loads(r.output)
+    assert [e["kind"] for e in doc["events"]] == [CONTRIBUTION, MULTICAST]
+    assert doc["summary"]["switches"] == ["10.0.0.100:48890"]
+    r = run(emu_cli, ["decode", str(path), "--port", "48891"])
+    assert r.exit_code == 0 and "no SwitchML packets (UDP to or from port 48891)" in r.output
+    r = run(emu_cli, ["decode", str(path), "--port", "48891", "--json"])
+    assert json.loads(r.output)["events"] == []
+
+
+# ------------------------------------------- a real emulator on an ordinary port
+async def test_capture_of_a_real_switch_on_any_port(tmp_path: Path) -> None:
+    """`serve --port N --pcap` with N outside 0xBEE0-0xBEEF: `switchml-emu decode`
+    finds the port and agrees with the switch's own counters."""
+    import asyncio
+
+    from click.testing import CliRunner
+
+    import hostlib
+    import swemu
+    from cli.main import emu as emu_cli
+    from swemu.engine import EngineConfig
+
+    path = tmp_path / "any.pcap"
+    workers, calls = 3, 2
+    x = np.arange(1000, dtype=np.int32)
+    config = EngineConfig(pool_size=8, max_pool_memory=1 << 20)
+    async with swemu.serve(config=config, pcap=path) as emu:
+        port = emu.data_address[1]
+        if port & wire.UDP_PORT_MASK == wire.UDP_PORT_BASE:
+            pytest.skip("the free port the system gave is a SwitchML port")
+        switch, control = "%s:%d" % emu.data_address, "%s:%d" % emu.control_address
+
+        async def one(rank: int) -> None:
+            async with hostlib.aconnect(
+                switch,
+                control,
+                rank=rank,
+                world_size=workers,
+                packet_size=0,
+                window=4,
+                no_progress=60,
+            ) as ctx:
+                for _ in range(calls):
+                    np.testing.assert_array_equal(await ctx.allreduce(x * (rank + 1)), x * 6)
+
+        await asyncio.wait_for(asyncio.gather(*(one(r) for r in range(workers))), 60)
+        snap = emu.snapshot()
+    (job,) = snap["jobs"]
+    r = CliRunner(catch_exceptions=False).invoke(emu_cli, ["decode", str(path), "--json"])
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.output)["summary"]
+    assert s["switches"] == ["127.0.0.1:%d" % port]
+    assert s["events"] == snap["counters"]["pkts_in"] + job["counters"]["pkts_out"] > 0
+    assert s["results"]["multicast"] == job["counters"]["multicast"] == calls * 32
+    assert s["retransmissions"] == job["counters"]["retransmissions"]
+    assert len(s["workers"]) == workers and s["malformed"] == 0
+    r = CliRunner(catch_exceptions=False).invoke(emu_cli, ["decode", str(path), "--limit", "5"])
+    assert f"{port}:0" in r.output and "5 of" in r.output

@@ -378,3 +378,98 @@ def test_tcpdump_reads_the_capture(tmp_path: Path) -> None:
     ).stdout
     assert out.count(" UDP, length ") == len(traffic)
     assert "bad cksum" not in out
+
+
+# ------------------------------------------- the vectorised reader vs a plain one
+def plain_read_pcap(path: Path) -> list[CapturedPacket]:
+    """The reader written record by record with struct (the twin of
+    :func:`swemu.pcap.read_pcap_batches`, which parses whole chunks with numpy),
+    Ethernet link type only."""
+    raw = path.read_bytes()
+    out = []
+    off, frame = 24, 0
+    while off + 16 <= len(raw):
+        sec, usec, incl, _ = struct.unpack_from("<IIII", raw, off)
+        data = raw[off + 16 : off + 16 + incl]
+        if len(data) < incl:
+            break
+        off += 16 + incl
+        frame += 1
+        l3, etype = 14, None
+        if len(data) >= 14:
+            etype = int.from_bytes(data[12:14], "big")
+        while etype in (0x8100, 0x88A8) and len(data) >= l3 + 4:
+            etype = int.from_bytes(data[l3 + 2 : l3 + 4], "big")
+            l3 += 4
+        if etype != 0x0800 or len(data) < l3 + 20 or data[l3] >> 4 != 4:
+            continue
+        ihl = (data[l3] & 0x0F) * 4
+        total_len, frag = struct.unpack_from("!H2xH", data, l3 + 2)
+        if data[l3 + 9] != 17 or ihl < 20 or frag & 0x1FFF:
+            continue
+        src_ip, dst_ip = struct.unpack_from("!II", data, l3 + 12)
+        udp = l3 + ihl
+        if len(data) < udp + 8:
+            continue
+        sport, dport, udp_len = struct.unpack_from("!HHH", data, udp)
+        want = max(udp_len - 8, 0)
+        payload = data[udp + 8 : min(udp + 8 + want, l3 + total_len, len(data))]
+        truncated = len(payload) < want or bool(frag & 0x2000)
+        ts = sec + usec * 1e-6
+        out.append(CapturedPacket(ts, (src_ip, sport), (dst_ip, dport), payload, truncated, frame))
+    return out
+
+
+def messy_capture(path: Path, seed: int, count: int = 300) -> None:
+    """Ethernet records of every kind the reader must sort out: UDP with VLAN tags
+    and IP options, ARP, TCP, fragments, lying length fields, cut records."""
+    rng = np.random.default_rng(seed)
+    recs = [struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1)]
+    same = bytes(rng.integers(0, 256, 138, dtype=np.uint8))  # runs of equal records
+    for i in range(count):
+        kind = rng.integers(0, 10)
+        payload = same if kind < 4 else bytes(rng.integers(0, 256, rng.integers(0, 300)))
+        vlan = b"".join(
+            struct.pack("!HH", int(rng.choice([0x8100, 0x88A8])), 7)
+            for _ in range(int(rng.integers(0, 3)) if kind == 4 else 0)
+        )
+        ihl = 5 + (int(rng.integers(1, 3)) if kind == 5 else 0)
+        proto = 6 if kind == 6 else 17
+        frag = {7: 0x2000, 8: 0x0010}.get(int(kind), 0)
+        udp_len = 8 + len(payload) + (int(rng.integers(-20, 20)) if kind == 9 else 0)
+        total = 4 * ihl + 8 + len(payload) - (int(rng.integers(0, 30)) if kind == 9 else 0)
+        ip = struct.pack(
+            "!BBHHHBBHII",
+            0x40 | ihl,
+            0,
+            max(total, 0) & 0xFFFF,
+            i,
+            frag,
+            64,
+            proto,
+            0,
+            int(rng.integers(0, 2**32)),
+            int(rng.integers(0, 2**32)),
+        ) + bytes(4 * ihl - 20)
+        udp = struct.pack("!HHHH", int(rng.integers(0, 65536)), 0xBEE0, max(udp_len, 0) & 0xFFFF, 0)
+        etype = 0x0806 if kind == 3 and rng.random() < 0.5 else 0x0800
+        frame = bytes(12) + vlan + struct.pack("!H", etype) + ip + udp + payload
+        if rng.random() < 0.1:
+            frame = frame[: int(rng.integers(0, len(frame) + 1))]  # snaplen cut
+        recs.append(struct.pack("<IIII", 1000 + i, int(rng.integers(0, 10**6)), len(frame), 9000))
+        recs.append(frame)
+    path.write_bytes(b"".join(recs) + b"\x00" * int(rng.integers(0, 16)))  # a cut header
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("chunk", [40, 997, 8 << 20])
+def test_batch_reader_matches_the_plain_reader(tmp_path: Path, seed: int, chunk: int) -> None:
+    from swemu.pcap import read_pcap_batches
+
+    path = tmp_path / "messy.pcap"
+    messy_capture(path, seed)
+    want = plain_read_pcap(path)
+    assert 50 < len(want) < 300  # some of each: kept and skipped
+    assert any(p.truncated for p in want) and not all(p.truncated for p in want)
+    got = [p for b in read_pcap_batches(path, chunk_bytes=chunk) for p in b.packets()]
+    assert got == want

@@ -330,6 +330,7 @@ def test_allreduce_command_and_bad_params():
 
 
 def test_speedup_plot_is_written(tmp_path):
+    pytest.importorskip("matplotlib")
     rows = sim.reproduction(gbps=(10.0,), models=[sim.resnet50()])
     assert 1.0 < rows[0]["sml64_speedup"] < rows[0]["sml256_speedup"] < 2 * 7 / 8 + 1e-9
     path = tmp_path / "speedup.png"

@@ -218,6 +218,7 @@ def _train(emulator, out: Path, steps: int, timeout: float) -> dict:
 
 
 def test_training_through_switchml_matches_gloo(emulator, tmp_path):
+    pytest.importorskip("sklearn")  # the example's data set (the torch extra brings it)
     """300 DDP steps of the digits MLP (hidden width 128) with W = 2, gradients
     averaged through the emulator and then through gloo (same processes, same seeds
     and batches): the final test accuracies differ by at most 2 percentage points
