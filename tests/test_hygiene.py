@@ -216,3 +216,21 @@ def test_pytest_plugin_fixtures_die_with_a_killed_pytest(tmp_path):
         proc.kill()
         _kill_all(kids)
     assert not list(tmp.iterdir())
+
+
+def test_numba_cache_goes_to_a_user_directory_for_a_read_only_install(tmp_path, monkeypatch):
+    package = Path(launch.__file__).resolve().parent
+    real = launch._writable
+    monkeypatch.setattr(
+        launch, "_writable", lambda p: not str(p).startswith(str(package)) and real(p)
+    )
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    want = str(tmp_path / "cache" / "switchml-emu" / "numba")
+    assert launch.numba_cache_env() == {"NUMBA_CACHE_DIR": want}
+    assert child_env()["NUMBA_CACHE_DIR"] == want and Path(want).is_dir()
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "mine"))  # the user's choice stands
+    assert launch.numba_cache_env() == {}
+    monkeypatch.setattr(launch, "_writable", real)
+    monkeypatch.delenv("NUMBA_CACHE_DIR")
+    assert launch.numba_cache_env() == {}  # a writable checkout keeps the cache beside the sources
