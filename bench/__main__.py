@@ -1,4 +1,4 @@
-"""``python -m bench {allreduce,loss,switch,decode}``: the benchmarks, side by side in one run.
+"""``python -m bench WHAT``: the benchmarks, each against its baseline side by side in one run.
 
 Results go to ``--out`` (default ``bench/results/``, git-ignored) as JSON, a
 markdown table and a PNG plot.
@@ -60,6 +60,15 @@ def main(argv: list[str] | None = None) -> int:
         from .decode import main as decode_main
 
         return decode_main((sys.argv[1:] if argv is None else argv)[1:])
+    f = sub.add_parser("firstrun", help="switchml run with an empty Numba cache vs a warm one")
+    f.add_argument("--workers", type=int, default=4)
+    f.add_argument("--size", default="1Mi")
+    f.add_argument("--iters", type=int, default=3)
+    f.add_argument("--rounds", type=int, default=1)
+    f.add_argument(
+        "--tree", type=Path, action="append", default=[], help="another source tree to compare"
+    )
+    f.add_argument("--out", type=Path, default=Path("bench/results"))
     args = p.parse_args(argv)
 
     if args.what == "allreduce":
@@ -85,6 +94,22 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import json
 
+    if args.what == "firstrun":
+        from . import firstrun
+
+        data = firstrun.run(
+            args.workers,
+            args.size,
+            args.iters,
+            args.rounds,
+            [t.resolve() for t in args.tree],
+            log=lambda m: print(m, file=sys.stderr),
+        )
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "firstrun.json").write_text(json.dumps(data, indent=2))
+        (args.out / "firstrun.md").write_text(firstrun.markdown(data))
+        print(firstrun.markdown(data))
+        return 0
     if args.what == "loss":
         from . import loss
 

@@ -1,16 +1,29 @@
 """The worker program of ``switchml run`` without a command: allreduce
-deterministic inputs, check every result, report timings as one JSON line."""
+deterministic inputs, check every result, report each iteration as one JSON
+line as it finishes (the launcher's table grows row by row) and a last line
+with the whole report.
+
+``python -m cli._worker --warm-up`` is the launcher's one compile step instead:
+it compiles (or loads from Numba's cache) every kernel a worker uses, once, so
+that the N workers started after it load them from the cache rather than each
+compiling the same kernels at the same time. It prints :data:`COMPILING` when
+the cache missed (a first run), then ``WARM <seconds>``.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 
 import numpy as np
 
 RESULT_PREFIX = "SWITCHML_RESULT "
+ITER_PREFIX = "SWITCHML_ITER "
+COMPILING = "SWITCHML_COMPILING"
+WARM_PREFIX = "SWITCHML_WARM "
 
 
 def main() -> int:
@@ -25,7 +38,9 @@ def main() -> int:
     ctx = hostlib.from_env()
     rank, w = ctx.rank, ctx.world_size
     nvals = wire.values_per_packet(ctx.options.packet_size)
-    report = {"rank": rank, "iters": []}
+    report: dict = {"rank": rank, "iters": []}
+    phase = "the warm-up allreduce"
+    it = -1
     try:
         with ctx:
             tick = np.zeros(1, np.int32)
@@ -33,19 +48,65 @@ def main() -> int:
             out = np.empty(n, dtype)
             for it in range(iters):
                 x = worker_input(rank, n, it, dtype)
+                phase = f"the line-up before iteration {it}"
                 ctx.allreduce(tick, out=tick)  # line the workers up through the switch
+                phase = f"iteration {it}"
                 t0 = time.perf_counter()
                 ctx.allreduce(x, out=out)
                 dt = time.perf_counter() - t0
                 ok, worst = check_result(out, w, it, nvals)
-                report["iters"].append({"time": dt, "ok": ok, "worst": worst, **ctx.last_stats})
+                row = {"time": dt, "ok": ok, "worst": worst, **ctx.last_stats}
+                report["iters"].append(row)
+                print(ITER_PREFIX + json.dumps({"rank": rank, "iter": it, **row}), flush=True)
     except hostlib.SwitchMLError as exc:
-        report["error"] = str(exc)
+        report["error"] = _in_table_terms(str(exc), phase)
+        report["failed_iter"] = it if it >= 0 else None
         print(RESULT_PREFIX + json.dumps(report), flush=True)
         return 2
     print(RESULT_PREFIX + json.dumps(report), flush=True)
     return 0 if all(i["ok"] for i in report["iters"]) else 1
 
 
+def _in_table_terms(message: str, phase: str) -> str:
+    """The library counts every allreduce call of the context ("allreduce
+    #47"), the warm-up and the line-up calls included; the launcher's table
+    counts iterations. Say which iteration, in the table's numbering."""
+    return re.sub(r"^allreduce #\d+", phase, message)
+
+
+def warm_up() -> int:
+    """Compile or load every kernel of a ``switchml run`` worker, in this one
+    process. Says :data:`COMPILING` as soon as Numba compiles anything (its
+    ``numba:compile`` event fires only on a cache miss)."""
+    t0 = time.perf_counter()
+    from numba.core import event
+
+    class _Announce(event.Listener):
+        said = False
+
+        def on_start(self, ev: event.Event) -> None:
+            if not self.said:
+                self.said = True
+                print(COMPILING, flush=True)
+
+        def on_end(self, ev: event.Event) -> None:
+            pass
+
+    event.register("numba:compile", _Announce())
+    from hostlib import fastpath
+    from hostlib.protocol import warmup
+    from hostlib.testdata import check_result, worker_input
+    from swemu import fastio
+
+    warmup()
+    if fastio.AVAILABLE:
+        fastpath.warmup()
+    for dtype in (np.int32, np.float32):  # the built-in workers' inputs and checks
+        x = worker_input(0, 64, 0, dtype)
+        check_result(x, 1, 0, 64)
+    print(f"{WARM_PREFIX}{time.perf_counter() - t0:.3f}", flush=True)
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(warm_up() if sys.argv[1:] == ["--warm-up"] else main())

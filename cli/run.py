@@ -2,9 +2,21 @@
 
 Without a command, each worker allreduces deterministic inputs, checks every
 result against the exact sum (float32: within the block floating point bound)
-and the launcher prints per-iteration time and goodput. With ``-- CMD ...`` it
-starts N copies of the user's program with RANK, WORLD_SIZE, LOCAL_RANK and
-SWITCHML_* set, so the program can call ``hostlib.from_env()``.
+and the launcher prints per-iteration time and goodput, a table row as each
+iteration finishes. With ``-- CMD ...`` it starts N copies of the user's program
+with RANK, WORLD_SIZE, LOCAL_RANK and SWITCHML_* set, so the program can call
+``hostlib.from_env()``.
+
+Start-up: the local emulator and one warm-up process (``cli._worker
+--warm-up``) start side by side; each compiles its kernels, or loads them from
+Numba's cache, once. The workers start after both, so they load the kernels
+rather than compile them N times at once (a first run printed "compiling
+kernels (first run only)").
+
+Lifetime: every child (emulator, warm-up, workers, user commands) is started
+by :func:`swemu.launch.spawn` and so is sent SIGTERM by the kernel if this
+process dies, even by SIGKILL. SIGHUP (the terminal closed) unwinds like
+SIGTERM and Ctrl-C: the workers are killed, the emulator stopped in order.
 """
 
 from __future__ import annotations
@@ -124,15 +136,26 @@ def run(
     if size % 4:
         raise CLIError(f"--size {size} is not a whole number of 4-byte elements")
 
+    if json_out:
+        _check_writable(json_out)
+
     local = not switch
-    with contextlib.ExitStack() as stack:
+    with _hangup_as_sigterm(), contextlib.ExitStack() as stack:
+        emu = None
         if local:
-            terminal.info("starting a local emulator ...")
-            emu = stack.enter_context(EmulatorProcess(shards=shards))
+            emu = EmulatorProcess(shards=shards)
+            stack.callback(emu.stop)
+        _start_up(emu)
+        if emu is not None:
             switch, control = emu.switch, emu.control
             shown = f"{switch} (+{shards - 1} shards on the next ports)" if shards > 1 else switch
             terminal.info(f"emulator: data {shown}, control {control}")
-        results, failed = _launch(
+        title = (
+            f"switchml run: {workers} workers, {size / 2**20:g} MiB {dtype}, "
+            f"size code {packet_size}, window {window}"
+        )
+        view = stack.enter_context(_RowView(title, size, workers)) if not command else None
+        failed = _launch(
             workers,
             switch,
             control,
@@ -144,20 +167,198 @@ def run(
             iters,
             command,
             local,
+            view,
         )
     if command:
         if failed:
             raise CLIError(f"{len(failed)} of {workers} workers failed: " + ", ".join(failed))
         terminal.success(f"all {workers} workers finished")
         return
-    _report(results, failed, workers, size, dtype, packet_size, window, json_out)
+    _report(view, failed, workers, size, dtype, packet_size, window, json_out)
+
+
+def _check_writable(path: str) -> None:
+    """Fail before the run, not after it, when ``--json`` cannot be written."""
+    import os
+
+    existed = os.path.exists(path)
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as exc:
+        raise CLIError(f"cannot write --json {path}: {exc.strerror or exc}") from None
+    if not existed:
+        os.unlink(path)
+
+
+class _hangup_as_sigterm:
+    """While inside: SIGHUP (the terminal closed) raises what SIGTERM raises
+    (:class:`cli.main.Terminated`), so the run unwinds and stops its children
+    instead of dying with them running."""
+
+    def __enter__(self) -> None:
+        import signal
+        import threading
+
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGHUP, _on_hangup)
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+
+        if self.previous is not None:
+            signal.signal(signal.SIGHUP, self.previous)
+
+
+def _on_hangup(signum: int, frame: object) -> None:
+    from .main import Terminated
+
+    raise Terminated
+
+
+def _start_up(emu) -> None:
+    """Start the local emulator (if any) and the kernel warm-up side by side
+    and wait for both. On a first run (the warm-up's Numba cache missed) say so,
+    with the time it took; in a terminal, a line counts the seconds."""
+    import subprocess
+    import sys
+    import time
+
+    from swemu.launch import CHILD_CWD, child_env, spawn
+
+    from ._worker import COMPILING, WARM_PREFIX
+
+    t0 = time.monotonic()
+    warm = spawn(
+        [sys.executable, "-m", "cli._worker", "--warm-up"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=child_env(),
+        cwd=CHILD_CWD,
+    )
+    out, err = _Lines(warm.stdout), _Lines(warm.stderr)
+    if emu is not None:
+        terminal.info("starting a local emulator ...")
+        emu.begin()
+    compiling = warm_done = False
+    ready = emu is None
+    try:
+        with _Ticker() as ticker:
+            while not (warm_done and ready):
+                for line in out.read():
+                    if line == COMPILING and not compiling:
+                        compiling = True
+                        terminal.info("compiling kernels (first run only) ...")
+                    warm_done = warm_done or line.startswith(WARM_PREFIX)
+                err.read()
+                if not warm_done and warm.poll() is not None:
+                    out.read(final=True)
+                    last = (err.read(final=True) or err.seen or ["no output"])[-1]
+                    terminal.warning(
+                        f"the kernel warm-up failed (exit {warm.returncode}: {last}); "
+                        "each worker compiles its own"
+                    )
+                    warm_done = True
+                ready = ready or emu.poll_ready()
+                what = "compiling kernels (first run only)" if compiling else "starting"
+                ticker.show(f"{what} ... {time.monotonic() - t0:.0f} s")
+                time.sleep(0.05)
+    finally:
+        if warm.poll() is None:
+            warm.kill()
+        warm.wait()
+        warm.stdout.close()
+        warm.stderr.close()
+    if compiling:
+        terminal.info(
+            f"compiled the kernels in {time.monotonic() - t0:.1f} s; later runs load them "
+            "from the cache"
+        )
+
+
+class _Ticker:
+    """A transient status line on stderr when it is a terminal (no thread:
+    redrawn by :meth:`show`); nothing otherwise."""
+
+    def __enter__(self) -> _Ticker:
+        self.live = None
+        if terminal.err.is_terminal:
+            from rich.live import Live
+
+            self.live = Live("", console=terminal.err, transient=True, auto_refresh=False)
+            self.live.start()
+        return self
+
+    def show(self, text: str) -> None:
+        if self.live is not None:
+            self.live.update(text, refresh=True)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+
+class _Lines:
+    """Complete lines from a child's pipe without blocking (the launcher
+    watches several children from one thread)."""
+
+    def __init__(self, pipe) -> None:
+        import os
+
+        self.fd = pipe.fileno()
+        os.set_blocking(self.fd, False)
+        self.buf = b""
+        self.eof = False
+        self.seen: list[str] = []
+
+    def read(self, final: bool = False) -> list[str]:
+        """The lines that arrived since the last call; ``final``: the child
+        has exited, so read to the end and keep an unterminated last line."""
+        import os
+        import select
+        import time
+
+        until = time.monotonic() + 2.0  # a grandchild may hold the pipe open: not forever
+        while not self.eof:
+            try:
+                chunk = os.read(self.fd, 65536)
+            except BlockingIOError:
+                if not final or time.monotonic() > until:
+                    break
+                select.select([self.fd], [], [], 0.1)
+                continue
+            if not chunk:
+                self.eof = True
+                break
+            self.buf += chunk
+        *lines, self.buf = self.buf.split(b"\n")
+        if self.eof and self.buf:
+            lines.append(self.buf)
+            self.buf = b""
+        text = [line.decode(errors="replace").rstrip("\r") for line in lines]
+        self.seen = (self.seen + [t for t in text if t.strip()])[-20:]
+        return text
 
 
 def _launch(
-    workers, switch, control, packet_size, window, no_progress, size, dtype, iters, command, local
-):
-    """Start the workers, wait for them, collect their JSON reports. With a
-    ``local`` emulator (which warns about small socket buffers for this
+    workers,
+    switch,
+    control,
+    packet_size,
+    window,
+    no_progress,
+    size,
+    dtype,
+    iters,
+    command,
+    local,
+    view,
+) -> list[str]:
+    """Start the workers, wait for them, feed their per-iteration reports to
+    ``view`` as they come; return the failures, one text per failed rank.
+    With a ``local`` emulator (which warns about small socket buffers for this
     machine) the workers do not repeat the warning."""
     import json
     import random
@@ -165,9 +366,9 @@ def _launch(
     import sys
     import time
 
-    from swemu.launch import CHILD_CWD, child_env
+    from swemu.launch import CHILD_CWD, child_env, spawn
 
-    from ._worker import RESULT_PREFIX
+    from ._worker import ITER_PREFIX, RESULT_PREFIX
 
     session = random.getrandbits(62) | 1
     procs = []
@@ -191,12 +392,11 @@ def _launch(
         cmd = list(command) if command else [sys.executable, "-m", "cli._worker"]
         try:
             procs.append(
-                subprocess.Popen(
+                spawn(
                     cmd,
                     env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=None if command else subprocess.PIPE,
-                    text=True,
                     cwd=None if command else CHILD_CWD,  # the user's command runs where they are
                 )
             )
@@ -204,11 +404,21 @@ def _launch(
             for p in procs:
                 p.kill()
             raise CLIError(f"cannot start {cmd[0]!r}: {exc.strerror or exc}") from None
-    failed: list[str] = []
-    results: dict[int, dict] = {}
+    readers = [] if command else [_Lines(p.stdout) for p in procs]
+    reports: dict[int, dict] = {}
+
+    def take(rank: int, lines: list[str]) -> None:
+        for line in lines:
+            if line.startswith(ITER_PREFIX):
+                view.add(json.loads(line[len(ITER_PREFIX) :]))
+            elif line.startswith(RESULT_PREFIX):
+                reports[rank] = json.loads(line[len(RESULT_PREFIX) :])
+
     grace_until = None
     try:
         while any(p.poll() is None for p in procs):
+            for rank, reader in enumerate(readers):
+                take(rank, reader.read())
             time.sleep(0.05)
             if grace_until is None and any(p.poll() not in (None, 0) for p in procs):
                 # a worker failed: the others notice within no_progress; then stop them
@@ -217,84 +427,136 @@ def _launch(
                 for p in procs:
                     if p.poll() is None:
                         p.kill()
-    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cli.main.Terminated)
+        for rank, reader in enumerate(readers):
+            take(rank, reader.read(final=True))
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM or SIGHUP (cli.main.Terminated)
         for p in procs:
             p.kill()
         for p in procs:
             p.wait()
         raise
+    finally:
+        for p in procs:
+            if p.stdout is not None:
+                p.stdout.close()
+    failed: list[str] = []
     for rank, p in enumerate(procs):
-        if not command:
-            for line in p.stdout.read().splitlines():
-                if line.startswith(RESULT_PREFIX):
-                    results[rank] = json.loads(line[len(RESULT_PREFIX) :])
-            p.stdout.close()
         if p.returncode != 0:
-            why = results.get(rank, {}).get("error")
+            why = reports.get(rank, {}).get("error")
             failed.append(f"rank {rank} (exit {p.returncode}{': ' + why if why else ''})")
-    return results, failed
+    return failed
 
 
-def _report(results, failed, workers, size, dtype, packet_size, window, json_out) -> None:
+def _row(it: int, per: list[dict], size: int, workers: int) -> dict:
+    """One iteration of the table from every rank's report of it: the
+    collective ends when its last worker has its result."""
+    t = max(p["time"] for p in per)
+    return {
+        "iter": it,
+        "time": t,
+        "goodput_gbps": size * 8 / t / 1e9,
+        "ok": all(p["ok"] for p in per) and len(per) == workers,
+        "retransmissions": sum(p.get("retransmissions", 0) for p in per),
+        "worst_error_ratio": max(p["worst"] for p in per),
+    }
+
+
+def render(title: str, rows: list[dict]):
+    """The results table for ``rows`` (:func:`_row`), as a rich renderable."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("iter", "time (ms)", "goodput (Gbit/s)", "retransmissions", "check"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(
+            str(r["iter"]),
+            f"{r['time'] * 1e3:.1f}",
+            f"{r['goodput_gbps']:.2f}",
+            str(r["retransmissions"]),
+            "[green]ok[/]" if r["ok"] else "[red]WRONG[/]",
+        )
+    return table
+
+
+class _RowView:
+    """Collects the workers' per-iteration reports; a row is complete when
+    every rank reported that iteration. In a terminal the table grows as rows
+    complete (rich Live, redrawn per row, no thread); otherwise it is printed
+    once at the end."""
+
+    def __init__(self, title: str, size: int, workers: int) -> None:
+        self.title, self.size, self.workers = title, size, workers
+        self.pending: dict[int, dict[int, dict]] = {}
+        self.rows: list[dict] = []
+        self.live = None
+
+    def __enter__(self) -> _RowView:
+        if terminal.out.is_terminal:
+            from rich.live import Live
+
+            self.live = Live(
+                render(self.title, []), console=terminal.out, auto_refresh=False, transient=False
+            )
+            self.live.start()
+        return self
+
+    def add(self, report: dict) -> None:
+        per = self.pending.setdefault(int(report["iter"]), {})
+        per[int(report["rank"])] = report
+        # rows in order: iteration i is shown once every rank has finished it
+        while len(self.pending.get(len(self.rows), {})) == self.workers:
+            it = len(self.rows)
+            done = self.pending.pop(it)
+            self.rows.append(_row(it, [done[r] for r in sorted(done)], self.size, self.workers))
+            if self.live is not None:
+                self.live.update(render(self.title, self.rows), refresh=True)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            if not self.rows:
+                self.live.update("", refresh=True)
+            self.live.stop()
+
+    @property
+    def shown(self) -> bool:
+        """Whether the table is already on the screen."""
+        return self.live is not None
+
+
+def _report(view, failed, workers, size, dtype, packet_size, window, json_out) -> None:
     import json
     import statistics
 
-    from rich.table import Table
-
-    iters = min((len(r["iters"]) for r in results.values()), default=0)
-    table = Table(
-        title=f"switchml run: {workers} workers, {size / 2**20:g} MiB {dtype}, "
-        f"size code {packet_size}, window {window}"
-    )
-    for col in ("iter", "time (ms)", "goodput (Gbit/s)", "retransmissions", "check"):
-        table.add_column(col, justify="right")
-    rows = []
-    for it in range(iters):
-        per = [results[r]["iters"][it] for r in sorted(results)]
-        t = max(p["time"] for p in per)  # the collective ends when its last worker has its result
-        ok = all(p["ok"] for p in per) and len(per) == workers
-        retx = sum(p.get("retransmissions", 0) for p in per)
-        rows.append(
-            {
-                "iter": it,
-                "time": t,
-                "goodput_gbps": size * 8 / t / 1e9,
-                "ok": ok,
-                "retransmissions": retx,
-                "worst_error_ratio": max(p["worst"] for p in per),
-            }
-        )
-        table.add_row(
-            str(it),
-            f"{t * 1e3:.1f}",
-            f"{size * 8 / t / 1e9:.2f}",
-            str(retx),
-            "[green]ok[/]" if ok else "[red]WRONG[/]",
-        )
+    rows = view.rows
     if rows:
-        terminal.out.print(table)
+        if not view.shown:
+            terminal.out.print(render(view.title, rows))
         med = statistics.median(r["time"] for r in rows)
         terminal.out.print(
             f"median {med * 1e3:.1f} ms per allreduce, "
             f"{size * 8 / med / 1e9:.2f} Gbit/s goodput per worker"
         )
     if json_out:
-        with open(json_out, "w") as f:
-            json.dump(
-                {
-                    "workers": workers,
-                    "size": size,
-                    "dtype": dtype,
-                    "packet_size": packet_size,
-                    "window": window,
-                    "iters": rows,
-                    "failed": failed,
-                },
-                f,
-                indent=2,
-            )
+        try:
+            with open(json_out, "w") as f:
+                json.dump(
+                    {
+                        "workers": workers,
+                        "size": size,
+                        "dtype": dtype,
+                        "packet_size": packet_size,
+                        "window": window,
+                        "iters": rows,
+                        "failed": failed,
+                    },
+                    f,
+                    indent=2,
+                )
+        except OSError as exc:
+            raise CLIError(f"cannot write --json {json_out}: {exc.strerror or exc}") from None
     if failed:
         raise CLIError(f"{len(failed)} of {workers} workers failed: " + "; ".join(failed))
     if not all(r["ok"] for r in rows):
         raise CLIError("some results were wrong (see the check column)")
-    terminal.success(f"all {workers} workers verified {iters} results")
+    terminal.success(f"all {workers} workers verified {len(rows)} results")

@@ -33,6 +33,7 @@ keyed by method (``{"switchml": {...}, "gloo": {...}}``).
 # No ``from __future__ import annotations``: DDP checks a hook's annotations
 # at registration and accepts only the real objects, not strings.
 import argparse
+import gc
 import json
 import os
 import sys
@@ -322,9 +323,17 @@ def main(argv: list[str] | None = None) -> int:
             results[comm] = train(args, comm, data, ctx)
             if rank == 0:
                 print(summary(results[comm]), flush=True)
+        # Tear gloo down together: no rank may leave while a peer still has a
+        # collective or a store request in flight (rank 0 hosts the TCPStore).
+        dist.barrier()
     finally:
         if ctx is not None:
             ctx.close()
+        # Free the DDP models (their reducers hold the process group) and destroy
+        # it now, while the interpreter is whole: a gloo thread that touches a
+        # Python object during interpreter shutdown aborts the process
+        # ("terminate called without an active exception", exit -6).
+        gc.collect()
         dist.destroy_process_group()
     if rank == 0 and "switchml" in results and "gloo" in results:
         sw, gl = results["switchml"], results["gloo"]

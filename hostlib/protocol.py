@@ -275,13 +275,23 @@ class Allreduce:
         oldest = int(active[np.argmin(self.chunk[active])])
         c = int(self.chunk[oldest])
         what = "the exponent packet" if c == -1 else f"chunk {c}"
-        done_chunks = int(np.sum(self.chunk == K.DONE))
+        got = int(self.counters[K.K_RESULTS])
+        if got == 0:  # not a slot count: slots without a chunk count as finished from the start
+            tail = (
+                f"not one result of this call has arrived ({int(self.counters[K.K_SENT])} "
+                "packets sent): the switch may be unreachable or not running, or no other "
+                "worker is sending."
+            )
+        else:
+            tail = (
+                f"{got} of {self.expected_results} results had arrived. A peer may have died "
+                "or stalled, or the switch became unreachable."
+            )
         raise NoProgressError(
             f"allreduce #{self.proto.calls - 1} (job_number {self.job_number}): no result for "
             f"{what} on slot {oldest} (set {int(self.cur_set[oldest])}) from {where} for "
             f"{now - self.last_progress:.1f} s after {int(self.tries[oldest])} retransmissions; "
-            f"{done_chunks}/{len(self.chunk)} slots finished. A peer may have died or stalled, "
-            f"or the switch is unreachable.",
+            + tail,
             chunk=c,
             slot=oldest,
         )

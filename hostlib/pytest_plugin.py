@@ -14,6 +14,10 @@ Installed with the package (entry point ``pytest11``), it provides:
     order. ``fn`` must be importable (a module-level function). An exception in
     any rank is re-raised in the test with the rank named.
 
+The emulator and the ranks end with the test session however it ends: a
+pytest process killed outright (a CI timeout's SIGKILL) takes them along
+(:func:`swemu.launch.spawn`, :func:`swemu.launch.die_with_parent`).
+
 Example::
 
     def double_sum(ctx, n):
@@ -27,6 +31,7 @@ Example::
 from __future__ import annotations
 
 import multiprocessing
+import os
 import queue
 import traceback
 from collections.abc import Callable, Iterator
@@ -40,6 +45,7 @@ class WorkerFailed(AssertionError):
 
 
 def _rank_main(
+    parent: int,
     rank: int,
     n: int,
     switch: str,
@@ -49,6 +55,9 @@ def _rank_main(
     kwargs: dict,
     results: multiprocessing.Queue,
 ) -> None:
+    from swemu.launch import die_with_parent
+
+    die_with_parent(parent)  # a test session killed outright takes its ranks along
     try:
         import hostlib
 
@@ -73,7 +82,9 @@ def run_workers(
     results = mp.Queue()
     procs = [
         mp.Process(
-            target=_rank_main, args=(r, n, switch, control, fn, args, kwargs, results), daemon=True
+            target=_rank_main,
+            args=(os.getpid(), r, n, switch, control, fn, args, kwargs, results),
+            daemon=True,
         )
         for r in range(n)
     ]

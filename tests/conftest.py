@@ -1,4 +1,5 @@
-"""Shared fixtures: in-process emulators under both event loops, packet helpers."""
+"""Shared fixtures: in-process emulators under both event loops, packet helpers,
+and the session's process hygiene (no child outlives the test session)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,38 @@ import pytest
 from swemu import wire
 
 LOCALHOST = 0x7F000001
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_leftover_processes():
+    """Around the whole session: remove ``swemu-*`` directories that killed
+    launchers left, and at the end stop any child process a test left running
+    (an interrupted test's ``finally`` may not have run), with a warning that
+    names it. Children of a pytest that is killed outright end by themselves
+    (swemu.launch.spawn, die_with_parent)."""
+    import warnings
+
+    from swemu.launch import sweep_stale_dirs
+
+    sweep_stale_dirs()
+    yield
+    try:
+        import psutil
+    except ImportError:
+        return
+    helpers = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+    left = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            cmdline = " ".join(child.cmdline())
+            if child.status() == psutil.STATUS_ZOMBIE or any(h in cmdline for h in helpers):
+                continue
+            child.kill()
+            left.append(f"{child.pid}: {cmdline[:120]}")
+        except psutil.Error:
+            continue
+    if left:
+        warnings.warn("tests left processes running (killed): " + "; ".join(left), stacklevel=1)
 
 
 def pytest_asyncio_loop_factories(config, item):

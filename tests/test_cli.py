@@ -309,3 +309,104 @@ def test_run_on_sigterm_stops_its_workers_and_emulator(tmp_path):
     while any(_alive(k) for k in kids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(_alive(k) for k in kids)
+
+
+def test_run_checks_the_json_path_before_the_run(tmp_path):
+    """An unwritable --json fails at once, before any emulator or worker starts."""
+    t0 = time.monotonic()
+    bad = tmp_path / "no such dir" / "run.json"
+    p = run([*SWITCHML, "run", "-n", "2", "--json", str(bad)], timeout=60)
+    assert p.returncode == 1 and "cannot write --json" in one_line_error(p)
+    assert "starting a local emulator" not in p.stderr
+    assert time.monotonic() - t0 < 20  # no emulator started (it takes seconds even warm)
+    ok = tmp_path / "fresh.json"
+    from cli.run import _check_writable
+
+    _check_writable(str(ok))
+    assert not ok.exists()  # checked, not left behind
+
+
+def test_run_unreachable_switch_says_no_result_ever_arrived(tmp_path):
+    """Workers whose packets go nowhere (a data port nobody serves) say that not
+    one result arrived from that address, not "N/M slots finished", and name
+    the phase of the run, not the context's allreduce count."""
+    from swemu.launch import EmulatorProcess
+
+    with EmulatorProcess() as emu:
+        p = run(
+            [
+                *SWITCHML,
+                "run",
+                "-n",
+                "2",
+                "--switch",
+                "127.0.0.1:9",
+                "--control",
+                emu.control,
+                "--no-progress",
+                "1",
+                "--size",
+                "64Ki",
+            ],
+            timeout=120,
+        )
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: 2 of 2 workers failed: rank 0 (exit 2: the warm-up allreduce")
+    assert "from the switch at 127.0.0.1:9" in last and "not one result" in last
+    assert "slots finished" not in last and "allreduce #" not in last
+
+
+def test_worker_errors_use_the_tables_iteration_numbers():
+    from cli._worker import _in_table_terms
+
+    msg = "allreduce #47 (job_number 3): no result for chunk 2 on slot 1"
+    assert _in_table_terms(msg, "iteration 23") == (
+        "iteration 23 (job_number 3): no result for chunk 2 on slot 1"
+    )
+
+
+def test_run_rows_appear_as_every_rank_finishes_an_iteration():
+    """The table grows row by row, in iteration order, a row once every rank
+    has reported it; in a terminal it is redrawn each time."""
+    from rich.console import Console
+
+    import cli.run as run_mod
+
+    def rep(rank, it, t):
+        return {"rank": rank, "iter": it, "time": t, "ok": True, "worst": 0.0}
+
+    console = Console(record=True, force_terminal=True, width=100)
+    saved = run_mod.terminal.out
+    run_mod.terminal.out = console
+    try:
+        with run_mod._RowView("t", 1 << 20, 2) as view:
+            view.add(rep(0, 0, 0.010))
+            assert view.rows == []  # rank 1 has not finished iteration 0
+            view.add(rep(0, 1, 0.020))
+            view.add(rep(1, 1, 0.030))
+            assert view.rows == []  # iteration 1 waits for iteration 0
+            view.add(rep(1, 0, 0.012))
+            assert [r["iter"] for r in view.rows] == [0, 1]
+            assert [r["time"] for r in view.rows] == [0.012, 0.030]
+            assert view.shown
+    finally:
+        run_mod.terminal.out = saved
+    text = console.export_text()
+    assert "12.0" in text and "30.0" in text
+
+
+@pytest.mark.slow
+def test_warm_up_says_it_compiles_only_on_a_first_run(tmp_path):
+    """``cli._worker --warm-up`` in an empty Numba cache announces the compile;
+    the next one loads every kernel and says nothing of the kind."""
+    from cli._worker import COMPILING, WARM_PREFIX
+
+    env = child_env(NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    argv = [sys.executable, "-m", "cli._worker", "--warm-up"]
+    first = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600, check=True)
+    again = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600, check=True)
+    assert first.stdout.splitlines()[0] == COMPILING
+    assert first.stdout.splitlines()[-1].startswith(WARM_PREFIX)
+    assert COMPILING not in again.stdout and again.stdout.startswith(WARM_PREFIX)
+    assert list((tmp_path / "numba").rglob("*.nbi"))
