@@ -190,3 +190,11 @@ def test_compiled_bfrt_json_has_the_controllers_names() -> None:
     known = known_names(compiled)
     missing = {f: sorted(n - known) for f, n in names_written().items() if n - known}
     assert not missing
+
+
+def test_ptf_pool_layout_is_the_controllers() -> None:
+    """The PTF replay lays jobs out in the pool as the controller does (it cannot import
+    the controller: it runs with the SDE's Python)."""
+    text = (REPO / "p4" / "ptf" / "test_switchml_vectors.py").read_text()
+    m = re.search(r"^ENTRIES_PER_SLOT = (\{[^}]*\})$", text, re.M)
+    assert m and eval(m.group(1), {"__builtins__": {}}) == bt.ENTRIES_PER_SLOT
