@@ -31,7 +31,7 @@ typedef bit<8>  num_workers_t;
 typedef bit<8>  count_t;            // workers still missing for a (slot, set)
 typedef bit<JOB_ID_BITS> job_id_t;
 typedef bit<16> pool_size_t;
-typedef bit<POOL_SLOT_BITS> slot_index_t;   // pool_base + slot: one entry per slot
+typedef bit<POOL_SLOT_BITS> slot_index_t;   // pool_base + slot: one entry per slot (4 at size code 3)
 typedef bit<POOL_INDEX_BITS> pool_index_t;  // slot_index ++ set: one entry per (slot, set)
 typedef bit<3>  action_code_t;      // ACTION_* of configuration.p4
 typedef bit<4>  pass_type_t;        // PASS_* of configuration.p4
