@@ -22,9 +22,10 @@
 // The stage right after the bitmap cannot read map_result yet (it is
 // computed in that same stage), so the tables that must act there (count and
 // exponents) recognise a retransmission from the bitmap itself, one ternary
-// entry per worker: key (harvest, worker_id, worker_bitmap_before), and
-// worker w retransmits iff bit w of the bitmap before was already set.
-#define RETRANSMISSION(w) (0, w, (32w1 << w) &&& (32w1 << w))
+// entry per worker: key (pass_type, worker_id, worker_bitmap_before), and
+// worker w retransmits iff bit w of the bitmap before was already set. Only
+// the first pass of a packet updates the bitmap, so only it matches.
+#define RETRANSMISSION(w) (PASS_FIRST, w, (32w1 << w) &&& (32w1 << w))
 
 control UpdateWorkerBitmap(
     in bit<1> set,

@@ -35,8 +35,8 @@ control CheckPacket(
     // Section 1: msg_type must be 1 and the UDP length must be the one of the
     // packet's size code; then the size code must be the job's. Anything that
     // matches no entry (another msg_type, a length that fits no size code) is
-    // malformed. Only size code 1 is accepted: a job of another code cannot be
-    // programmed on this switch.
+    // malformed. Only size codes 1 and 3 are accepted: a job of another code
+    // cannot be programmed on this switch.
     table check_packet {
         key = {
             hdr.switchml.msg_type : ternary;
@@ -52,6 +52,7 @@ control CheckPacket(
         const entries = {
             // msg_type          size  UDP length        job's code
             (MSG_TYPE_SWITCHML,  1,    UDP_LENGTH_CODE1, 1) : well_formed();
+            (MSG_TYPE_SWITCHML,  3,    UDP_LENGTH_CODE3, 3) : well_formed();
             (MSG_TYPE_SWITCHML,  0,    UDP_LENGTH_CODE0, _) : wrong_size();
             (MSG_TYPE_SWITCHML,  1,    UDP_LENGTH_CODE1, _) : wrong_size();
             (MSG_TYPE_SWITCHML,  2,    UDP_LENGTH_CODE2, _) : wrong_size();
@@ -99,8 +100,11 @@ control RejectSlot(inout ingress_metadata_t ig_md) {
 // The registers hold all jobs' pools side by side: a job's slot s is entry
 // pool_base + s of the per-slot registers (the bitmap pair) and entry
 // (pool_base + s) ++ set of the per-(slot, set) registers (count, exponents,
-// values). The control plane gives jobs disjoint ranges, so two jobs with
-// the same job_number and slot numbers never touch each other's state.
+// values). A size-code-3 slot takes four entries, pool_base + 4s .. + 4s + 3,
+// one per quarter of its values: the bitmap, count and exponents live in the
+// first, and the consume passes move on to the next (passes.p4). The control
+// plane gives jobs disjoint ranges, so two jobs with the same job_number and
+// slot numbers never touch each other's state.
 control PoolAddress(
     in header_t hdr,
     inout ingress_metadata_t ig_md) {
@@ -109,7 +113,11 @@ control PoolAddress(
     Hash<pool_index_t>(HashAlgorithm_t.IDENTITY) pool_index_hash;
 
     apply {
-        ig_md.slot_index = ig_md.pool_base + (slot_index_t) hdr.switchml.slot;
+        if (ig_md.size_code == SIZE_CODE_FOUR_PASSES) {
+            ig_md.slot_index = ig_md.pool_base + (((slot_index_t) hdr.switchml.slot) << 2);
+        } else {
+            ig_md.slot_index = ig_md.pool_base + (slot_index_t) hdr.switchml.slot;
+        }
         ig_md.pool_index = pool_index_hash.get({ig_md.slot_index, hdr.switchml.set});
     }
 }

@@ -34,9 +34,12 @@ const bit<16> SWITCHML_UDP_PORT_MASK = 0xFFF0;
 #define MAX_WORKERS 32
 #define WORKER_ID_BITS 5
 
-// Values per packet of the size code this program aggregates: 64 x int32 =
-// 256 bytes (size code 1, wire.values_per_packet(1)).
-#define VALUES_PER_PACKET 64
+// Values one pass through the pipe aggregates: 64 x int32 = 256 bytes, a whole
+// size-code-1 packet (wire.values_per_packet(1)) and a quarter of a size-code-3
+// one. 32 register pairs hold them (aggregate.p4), two 32-value halves of the
+// packet (value_half_h).
+#define VALUES_PER_PASS 64
+#define VALUES_PER_HALF 32
 
 // SwitchML header length in bytes (wire.HEADER_LEN).
 #define SWITCHML_HEADER_BYTES 10
@@ -49,27 +52,35 @@ const bit<16> SWITCHML_UDP_PORT_MASK = 0xFFF0;
 const bit<16> UDP_LENGTH_CODE0 = 8 + 10 + 4 * 32;     // 146: emulator only
 const bit<16> UDP_LENGTH_CODE1 = 8 + 10 + 4 * 64;     // 274: this program
 const bit<16> UDP_LENGTH_CODE2 = 8 + 10 + 4 * 128;    // 530: emulator only
-const bit<16> UDP_LENGTH_CODE3 = 8 + 10 + 4 * 256;    // 1042: see README (not here)
+const bit<16> UDP_LENGTH_CODE3 = 8 + 10 + 4 * 256;    // 1042: this program, 4 passes
 const bit<16> UDP_LENGTH_CODE4 = 8 + 10 + 4 * 512;    // 2066: emulator extension
 const bit<16> UDP_LENGTH_CODE5 = 8 + 10 + 4 * 1024;   // 4114: emulator extension
 const bit<16> UDP_LENGTH_CODE6 = 8 + 10 + 4 * 2048;   // 8210: emulator extension
 const bit<16> UDP_LENGTH_CODE7 = 8 + 10 + 4 * 4096;   // 16402: emulator extension
 
-// The only size code this program aggregates.
-const bit<3> SIZE_CODE_SUPPORTED = 1;
+// The size codes this program aggregates (wire.HARDWARE_SIZE_CODES, the two that
+// p4app-switchML's hosts send). Code 1 in one pass (plus a harvest pass for a
+// result); code 3 in four passes of 64 values, each the next quarter of the
+// packet's values in the next quarter of the slot's register entries.
+const bit<3> SIZE_CODE_ONE_PASS = 1;
+const bit<3> SIZE_CODE_FOUR_PASSES = 3;
+#define QUARTERS 4
 
 /* ---------------------------------------------------------------------------
  * Switch resources (Tofino 1)
  * ------------------------------------------------------------------------- */
 
-// Slots of all jobs together, per shadow set. Jobs get disjoint ranges
-// [pool_base, pool_base + pool_size) from the control plane.
-// A value register holds one 2 x 32-bit pair per (slot, set): 2 x 8192
+// Slot entries of all jobs together, per shadow set. Jobs get disjoint ranges
+// from the control plane: a size-code-1 job's slot is one entry, a size-code-3
+// job's slot four consecutive entries (one per quarter of its 256 values), so
+// a job of P slots takes [pool_base, pool_base + P) or [pool_base, pool_base + 4P).
+// A value register holds one 2 x 32-bit pair per (entry, set): 2 x 8192
 // entries x 64 bit = 8 SRAM blocks of 1024 x 128 bit, plus one spare block
 // the stateful ALU needs, i.e. 9 blocks. Four such registers fill a stage's
 // four stateful ALUs with 36 of its 80 SRAM blocks, which leaves room for the
 // map RAMs the registers need. A job may use at most this many slots on
-// hardware (the emulator allows 16384 per job).
+// hardware at size code 1 and a quarter of it at size code 3 (the emulator
+// allows 16384 per job).
 #define NUM_POOL_SLOTS 8192
 #define POOL_SLOT_BITS 13
 // (slot, set) entries: a slot index with the set appended as the lowest bit.
@@ -91,9 +102,43 @@ const bit<3> SIZE_CODE_SUPPORTED = 1;
 const bit<32> COUNTER_SIZE = 2048;
 
 // On Tofino 1, port 68 of every pipe (device port pipe << 7 | 68) is the
-// pipe's recirculation port. A result is harvested by one more pass through
-// the same pipe, because the registers live in that pipe.
+// pipe's recirculation port. Every later pass of a packet goes through the
+// recirculation port of the pipe it came in on, because the registers live in
+// that pipe; one port is one FIFO queue, so the k-th passes of two packets
+// reach the registers in the order of their first passes (passes.p4).
 const bit<7> RECIRCULATION_PORT_IN_PIPE = 68;
+
+/* ---------------------------------------------------------------------------
+ * Passes (switchml_md.pass_type): which trip through the pipe a packet is on.
+ * passes.p4 chains them; its next_pass table is the list below.
+ * ------------------------------------------------------------------------- */
+// A worker's packet, from a front-panel port: checks, bitmap, count, exponents,
+// and the first 64 values (size code 1: all; size code 3: values 0..63).
+const bit<4> PASS_FIRST = 0;
+// Size code 1, a result: read the second halves of the pairs (values 32..63), send.
+const bit<4> PASS_HARVEST = 1;
+// Size code 3: add values 64..127, 128..191, 192..255 (quarters 1, 2, 3).
+const bit<4> PASS_CONSUME1 = 2;
+const bit<4> PASS_CONSUME2 = 3;
+const bit<4> PASS_CONSUME3 = 4;
+// Size code 3, a result: the deparser can only put headers in front of the
+// payload, so the result is collected back to front, 32 values a pass (one
+// half of each of the 32 register pairs): quarter 3's second halves (values
+// 224..255) first, quarter 0's first halves (values 0..31) last, then sent.
+const bit<4> PASS_COLLECT_3_SECOND = 5;
+const bit<4> PASS_COLLECT_3_FIRST = 6;
+const bit<4> PASS_COLLECT_2_SECOND = 7;
+const bit<4> PASS_COLLECT_2_FIRST = 8;
+const bit<4> PASS_COLLECT_1_SECOND = 9;
+const bit<4> PASS_COLLECT_1_FIRST = 10;
+const bit<4> PASS_COLLECT_0_SECOND = 11;
+const bit<4> PASS_COLLECT_0_FIRST = 12;
+
+// What the first pass decided for the value registers (section 2 step 4),
+// carried to the consume passes of a size-code-3 packet.
+const bit<2> VALUE_OP_WRITE = 1;   // the set was released: overwrite
+const bit<2> VALUE_OP_ADD = 2;     // a new contribution
+const bit<2> VALUE_OP_READ = 3;    // a retransmission: nothing changes
 
 /* ---------------------------------------------------------------------------
  * What the switch did with a packet (the per-job counter's second index).

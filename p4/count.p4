@@ -52,7 +52,7 @@ control CountWorkers(inout ingress_metadata_t ig_md) {
     // why this stage matches the bitmap instead of reading map_result).
     table count_workers {
         key = {
-            ig_md.harvest : ternary;
+            ig_md.pass_type : ternary;
             ig_md.worker_id : ternary;
             ig_md.worker_bitmap_before : ternary;
         }
@@ -62,8 +62,7 @@ control CountWorkers(inout ingress_metadata_t ig_md) {
             NoAction;
         }
         const entries = {
-            (1, _, _) : NoAction();           // harvest pass: counted already
-            (0, _, 32w0) : new_contribution(); // the set was released: cannot be a retransmission
+            (PASS_FIRST, _, 32w0) : new_contribution(); // the set was released: cannot be a retransmission
             RETRANSMISSION(0) : retransmission();
             RETRANSMISSION(1) : retransmission();
             RETRANSMISSION(2) : retransmission();
@@ -96,8 +95,9 @@ control CountWorkers(inout ingress_metadata_t ig_md) {
             RETRANSMISSION(29) : retransmission();
             RETRANSMISSION(30) : retransmission();
             RETRANSMISSION(31) : retransmission();
+            (PASS_FIRST, _, _) : new_contribution();   // any other worker's packet
         }
-        const default_action = new_contribution();
+        const default_action = NoAction();   // later passes: counted on the first
         size = 40;
     }
 

@@ -5,8 +5,9 @@
  * First contribution to a released set (bitmap before == 0): write e0 and e1.
  * Other new contributions: max-reduce each, independently, as signed 8-bit
  * numbers. Retransmissions change nothing. The register returns one 8-bit
- * half per access, so the first pass returns e0 and the harvest pass of a
- * result returns e1.
+ * half per access, so the first pass returns e0 and the last pass of a
+ * result (size code 1: the harvest pass; size code 3: the last collect pass)
+ * returns e1. The other passes of size code 3 leave the exponents alone.
  */
 
 #ifndef _EXPONENTS_P4_
@@ -75,7 +76,7 @@ control Exponents(
     // Same key as CountWorkers, for the same reason (see bitmap.p4).
     table exponents_max {
         key = {
-            ig_md.harvest : ternary;
+            ig_md.pass_type : ternary;
             ig_md.worker_id : ternary;
             ig_md.worker_bitmap_before : ternary;
         }
@@ -84,10 +85,12 @@ control Exponents(
             max_reduce;
             read;
             harvest;
+            NoAction;
         }
         const entries = {
-            (1, _, _) : harvest();        // harvest pass: fetch e1
-            (0, _, 32w0) : write();       // first contribution since the set was released
+            (PASS_HARVEST, _, _) : harvest();           // size code 1, result: fetch e1
+            (PASS_COLLECT_0_FIRST, _, _) : harvest();   // size code 3, last collect pass: fetch e1
+            (PASS_FIRST, _, 32w0) : write();            // first contribution since the set was released
             RETRANSMISSION(0) : read();
             RETRANSMISSION(1) : read();
             RETRANSMISSION(2) : read();
@@ -120,8 +123,9 @@ control Exponents(
             RETRANSMISSION(29) : read();
             RETRANSMISSION(30) : read();
             RETRANSMISSION(31) : read();
+            (PASS_FIRST, _, _) : max_reduce();          // a new contribution
         }
-        const default_action = max_reduce();   // a new contribution
+        const default_action = NoAction();              // consume and other collect passes
         size = 40;
     }
 

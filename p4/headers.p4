@@ -18,14 +18,15 @@ const bit<8>  ICMP_ECHO_REQUEST = 8;
 const bit<8>  ICMP_ECHO_REPLY = 0;
 
 struct header_t {
-    switchml_md_h     switchml_md;  // internal: harvest pass and egress only
+    switchml_md_h     switchml_md;  // internal: later passes and egress only
     ethernet_h        ethernet;
     arp_h             arp;
     ipv4_h            ipv4;
     icmp_h            icmp;
     udp_h             udp;
     switchml_h        switchml;
-    switchml_values_h values;
+    value_half_h      values_first;   // values 0..31 of the pass
+    value_half_h      values_second;  // values 32..63 of the pass
 }
 
 #endif /* _HEADERS_P4_ */

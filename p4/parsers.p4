@@ -3,8 +3,12 @@
  *
  * Ingress sees two kinds of SwitchML packets:
  *   - a worker's packet (Ethernet / IPv4 / UDP to 0xBEE0..0xBEEF / SwitchML),
- *   - the harvest pass of a result: the same packet, recirculated through this
- *     pipe's recirculation port with a switchml_md header in front.
+ *   - a later pass of one (passes.p4): the same packet, recirculated through
+ *     this pipe's recirculation port with a switchml_md header in front. Its
+ *     headers are the ones this program wrote, so their layout is fixed; what
+ *     follows them depends on the pass: 64 values to aggregate (the harvest
+ *     pass of size code 1, the consume passes of size code 3) or the result
+ *     values collected so far (collect passes), which stay payload.
  * Egress only sees results, always behind a switchml_md header.
  */
 
@@ -25,7 +29,8 @@ parser IngressParser(
         pkt.advance(PORT_METADATA_SIZE);
 
         // Metadata that is read before any control writes it starts at 0.
-        ig_md.harvest = 0;
+        ig_md.pass_type = PASS_FIRST;
+        ig_md.value_op = 0;
         ig_md.drop = 0;
         ig_md.action_code = ACTION_AGGREGATED;
         ig_md.job_id = 0;
@@ -41,8 +46,30 @@ parser IngressParser(
 
     state parse_switchml_md {
         pkt.extract(hdr.switchml_md);
-        ig_md.harvest = 1;
-        transition parse_ethernet;
+        ig_md.pass_type = hdr.switchml_md.pass_type;
+        transition select(hdr.switchml_md.pass_type) {
+            PASS_HARVEST : parse_later_pass_values;
+            PASS_CONSUME1 : parse_later_pass_values;
+            PASS_CONSUME2 : parse_later_pass_values;
+            PASS_CONSUME3 : parse_later_pass_values;
+            default : parse_later_pass_headers;   // collect passes
+        }
+    }
+
+    state parse_later_pass_values {
+        pkt.extract(hdr.ethernet);
+        pkt.extract(hdr.ipv4);
+        pkt.extract(hdr.udp);
+        pkt.extract(hdr.switchml);
+        transition parse_values;
+    }
+
+    state parse_later_pass_headers {
+        pkt.extract(hdr.ethernet);
+        pkt.extract(hdr.ipv4);
+        pkt.extract(hdr.udp);
+        pkt.extract(hdr.switchml);
+        transition accept;
     }
 
     state parse_ethernet {
@@ -85,18 +112,21 @@ parser IngressParser(
 
     state parse_switchml {
         pkt.extract(hdr.switchml);
-        // The values are extracted for the size code this program aggregates
-        // only; every other code is dropped by CheckPacket, which needs the
-        // header alone. A datagram too short for its values ends the parse
-        // with an error, which CheckPacket counts as malformed.
+        // The values are extracted for the size codes this program aggregates
+        // only (size code 3: the first 64 of them; the rest stays payload for
+        // the consume passes); every other code is dropped by CheckPacket,
+        // which needs the header alone. A datagram too short for 64 values
+        // ends the parse with an error, which CheckPacket counts as malformed.
         transition select(hdr.switchml.size) {
-            SIZE_CODE_SUPPORTED : parse_values;
+            SIZE_CODE_ONE_PASS : parse_values;
+            SIZE_CODE_FOUR_PASSES : parse_values;
             default : accept;
         }
     }
 
     state parse_values {
-        pkt.extract(hdr.values);
+        pkt.extract(hdr.values_first);
+        pkt.extract(hdr.values_second);
         transition accept;
     }
 }
@@ -115,7 +145,8 @@ control IngressDeparser(
         pkt.emit(hdr.icmp);
         pkt.emit(hdr.udp);
         pkt.emit(hdr.switchml);
-        pkt.emit(hdr.values);
+        pkt.emit(hdr.values_first);
+        pkt.emit(hdr.values_second);
     }
 }
 
@@ -125,9 +156,9 @@ parser EgressParser(
     out egress_metadata_t eg_md,
     out egress_intrinsic_metadata_t eg_intr_md) {
 
-    // Only results reach egress (ARP and ICMP replies bypass it), so the
-    // layout is fixed. The SwitchML header and values stay payload: egress
-    // rewrites addresses only.
+    // Only results reach egress (ARP and ICMP replies and later passes
+    // bypass it), so the layout is fixed. The SwitchML header and values stay
+    // payload: egress rewrites addresses only.
     state start {
         pkt.extract(eg_intr_md);
         pkt.extract(hdr.switchml_md);

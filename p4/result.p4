@@ -11,6 +11,8 @@
  *     the triggering packet. The sender gets its copy too (no pruning).
  *   - unicast: back to the retransmitting worker only, out of the port it
  *     came in on, with source and destination swapped.
+ * Ingress hands the result to the traffic manager at the end of its last pass
+ * (passes.p4, NextPass); this file is the egress side.
  */
 
 #ifndef _RESULT_P4_
@@ -19,41 +21,6 @@
 #include "configuration.p4"
 #include "types.p4"
 #include "headers.p4"
-
-// Ingress, harvest pass: hand the completed result to the traffic manager.
-control SendResult(
-    in header_t hdr,
-    inout ingress_intrinsic_metadata_for_tm_t ig_tm_md) {
-
-    action to_all_workers() {
-        ig_tm_md.mcast_grp_a = hdr.switchml_md.mgid;
-        ig_tm_md.bypass_egress = 0;
-    }
-
-    action to_sender() {
-        ig_tm_md.ucast_egress_port = hdr.switchml_md.ingress_port;
-        ig_tm_md.bypass_egress = 0;
-    }
-
-    table send_result {
-        key = {
-            hdr.switchml_md.multicast : exact;
-        }
-        actions = {
-            to_all_workers;
-            to_sender;
-        }
-        const entries = {
-            1 : to_all_workers();
-            0 : to_sender();
-        }
-        size = 2;
-    }
-
-    apply {
-        send_result.apply();
-    }
-}
 
 // Egress: the packet still carries the triggering packet's worker -> switch
 // addresses; turn them into switch -> worker ones.

@@ -1,10 +1,11 @@
 /*
  * switchml.p4 -- SwitchML in-network aggregation for the Tofino Native
- * Architecture: the mirror of swemu (the emulator) for size code 1
- * (64 int32 values per packet). PROTOCOL.md sections 1-2 are the contract;
- * README.md beside this file maps every table and register to its rule.
+ * Architecture: the mirror of swemu (the emulator) for size codes 1 (64 int32
+ * values per packet) and 3 (256, in four passes). PROTOCOL.md sections 1-2 are
+ * the contract; README.md beside this file maps every table and register to
+ * its rule.
  *
- * Ingress, a worker's packet:
+ * Ingress, a worker's packet (PASS_FIRST):
  *   WorkerLookup        who sent it (unknown source -> counted drop)
  *   CheckPacket         malformed / wrong size code (counted drops)
  *   RejectSlot          slot index >= P (counted drop)
@@ -13,15 +14,20 @@
  *   CountWorkers        step 3: workers still missing
  *   Exponents           step 4: e0/e1 signed maxima
  *   Aggregate           step 4: write / add / nothing, 32 register pairs
- *   NextStep            step 5: multicast / unicast / nothing
- * Ingress, harvest pass of a result (recirculated):
- *   Exponents, Aggregate  read e1 and the second value halves
- *   SendResult            multicast group or the sender's port
+ *   NextStep            step 5: multicast / unicast / nothing, and the later
+ *                       passes it takes (recirculation)
+ * Ingress, a later pass of a packet (passes.p4):
+ *   Exponents, Aggregate  size code 1: read e1 and the second value halves;
+ *                         size code 3: aggregate the next quarter, or
+ *                         collect a result 32 values at a time
+ *   NextPass              round once more, or send the result (multicast
+ *                         group or the sender's port)
  * Egress:
  *   RewriteResult       switch -> worker addresses per replication id
  * Anything else: ArpIcmpResponder (ARP and ping for the switch's address).
  *
- * This program has not been compiled here (no bf-p4c); see README.md.
+ * Compile with p4/build.sh (bf-p4c, Tofino 1); check-p4 (p4c's p4test front
+ * end) accepts it. See README.md.
  */
 
 #include <core.p4>
@@ -38,6 +44,7 @@
 #include "exponents.p4"
 #include "aggregate.p4"
 #include "next_step.p4"
+#include "passes.p4"
 #include "result.p4"
 #include "counters.p4"
 #include "arp_icmp.p4"
@@ -59,14 +66,15 @@ control Ingress(
     Exponents() exponents;
     Aggregate() aggregate;
     NextStep() next_step;
-    SendResult() send_result;
+    NextPass() next_pass;
     CountActions() count_actions;
     ArpIcmpResponder() arp_icmp;
 
     apply {
-        if (ig_md.harvest == 1) {
-            // The result's (slot, set), as the first pass found it.
+        if (ig_md.pass_type != PASS_FIRST) {
+            // A later pass: the entry and the decision the pass before left.
             ig_md.pool_index = hdr.switchml_md.pool_index;
+            ig_md.value_op = hdr.switchml_md.value_op;
         } else if (hdr.switchml.isValid()) {
             worker_lookup.apply(hdr, ig_md);
             if (ig_md.drop == 0) {
@@ -78,24 +86,24 @@ control Ingress(
         }
 
         if (hdr.switchml.isValid() && ig_md.drop == 0) {
-            if (ig_md.harvest == 0 && ig_md.slot_room == 0) {
+            if (ig_md.pass_type == PASS_FIRST && ig_md.slot_room == 0) {
                 reject_slot.apply(ig_md);  // slot index >= P
             } else {
-                if (ig_md.harvest == 0) {
+                if (ig_md.pass_type == PASS_FIRST) {
                     worker_bitmap.apply(hdr.switchml.set, ig_md);
                 }
                 count_workers.apply(ig_md);
                 exponents.apply(hdr.switchml, ig_md);
-                aggregate.apply(hdr.values, ig_md);
-                if (ig_md.harvest == 0) {
+                aggregate.apply(hdr.values_first, hdr.values_second, ig_md);
+                if (ig_md.pass_type == PASS_FIRST) {
                     next_step.apply(hdr, ig_md, ig_intr_md, ig_tm_md);
                 } else {
-                    send_result.apply(hdr, ig_tm_md);
+                    next_pass.apply(hdr, ig_md, ig_intr_md, ig_tm_md);
                 }
             }
         }
 
-        if (hdr.switchml.isValid() && ig_md.harvest == 0) {
+        if (hdr.switchml.isValid() && ig_md.pass_type == PASS_FIRST) {
             count_actions.apply(ig_md);
         }
         if (ig_md.drop == 1) {

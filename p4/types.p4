@@ -31,9 +31,11 @@ typedef bit<8>  num_workers_t;
 typedef bit<8>  count_t;            // workers still missing for a (slot, set)
 typedef bit<JOB_ID_BITS> job_id_t;
 typedef bit<16> pool_size_t;
-typedef bit<POOL_SLOT_BITS> slot_index_t;   // pool_base + slot: one entry per slot
+typedef bit<POOL_SLOT_BITS> slot_index_t;   // pool_base + slot: one entry per slot (4 at size code 3)
 typedef bit<POOL_INDEX_BITS> pool_index_t;  // slot_index ++ set: one entry per (slot, set)
 typedef bit<3>  action_code_t;      // ACTION_* of configuration.p4
+typedef bit<4>  pass_type_t;        // PASS_* of configuration.p4
+typedef bit<2>  value_op_t;         // VALUE_OP_* of configuration.p4
 typedef bit<COUNTER_INDEX_BITS> counter_index_t;
 
 /* ---------------------------------------------------------------------------
@@ -49,7 +51,7 @@ struct bitmap_pair_t {
     worker_bitmap_t set1;
 }
 
-// Two of the 64 accumulators of one (slot, set): values i and i + 32.
+// Two of the 64 accumulators of one (entry, set): values i and i + 32 of a pass.
 struct value_pair_t {
     value_t first;
     value_t second;
@@ -128,9 +130,12 @@ header switchml_h {
     exponent_t   e1;
 }
 
-// The 64 int32 values of a size-code-1 packet. Register pair i of the
-// Aggregate control holds v<i> (first) and v<i+32> (second).
-header switchml_values_h {
+// Half of the 64 int32 values one pass aggregates. A pass extracts two
+// (values_first, values_second: values 0..31 and 32..63 of the pass); register
+// pair i of the Aggregate control holds values_first.v<i> (first) and
+// values_second.v<i> (second). A collect pass of size code 3 adds one half in
+// front of the values collected so far.
+header value_half_h {
     value_t v00; value_t v01; value_t v02; value_t v03;
     value_t v04; value_t v05; value_t v06; value_t v07;
     value_t v08; value_t v09; value_t v10; value_t v11;
@@ -139,34 +144,30 @@ header switchml_values_h {
     value_t v20; value_t v21; value_t v22; value_t v23;
     value_t v24; value_t v25; value_t v26; value_t v27;
     value_t v28; value_t v29; value_t v30; value_t v31;
-    value_t v32; value_t v33; value_t v34; value_t v35;
-    value_t v36; value_t v37; value_t v38; value_t v39;
-    value_t v40; value_t v41; value_t v42; value_t v43;
-    value_t v44; value_t v45; value_t v46; value_t v47;
-    value_t v48; value_t v49; value_t v50; value_t v51;
-    value_t v52; value_t v53; value_t v54; value_t v55;
-    value_t v56; value_t v57; value_t v58; value_t v59;
-    value_t v60; value_t v61; value_t v62; value_t v63;
 }
 
 // Internal, never on a wire outside the switch. Put in front of Ethernet by
-// the ingress deparser of a packet that produced a result: it carries the
-// decision through the harvest pass (recirculation) and on to egress.
+// the ingress deparser of a packet that goes round the pipe once more: it
+// carries the first pass's decision through the later passes (recirculation)
+// and on to egress.
 header switchml_md_h {
+    pass_type_t        pass_type;     // the pass the packet is about to make
+    value_op_t         value_op;      // size code 3: write / add / read, for the consume passes
+    bit<1>             result;        // 1: the last pass sends a result; 0: it only adds
     bit<1>             multicast;     // 1: to every worker of the job; 0: back to the sender
-    bit<6>             _pad0;
+    bit<7>             _pad0;
     PortId_t           ingress_port;  // where the sender is (unicast)
     MulticastGroupId_t mgid;          // the job's multicast group
     bit<(16 - POOL_INDEX_BITS)> _pad1;
-    pool_index_t       pool_index;    // the (slot, set) whose result this is
+    pool_index_t       pool_index;    // the (entry, set) the next pass reads and writes
 }
 
 /* ---------------------------------------------------------------------------
  * Metadata
  * ------------------------------------------------------------------------- */
 struct ingress_metadata_t {
-    // which pass: 0 = a worker's packet, 1 = the harvest pass of a result
-    bit<1>          harvest;
+    // which pass (PASS_*): PASS_FIRST for a worker's packet
+    pass_type_t     pass_type;
     // 1 once the packet is dropped; action_code says why (or what happened)
     bit<1>          drop;
     action_code_t   action_code;
@@ -184,8 +185,9 @@ struct ingress_metadata_t {
 
     // where the packet's (slot, set) lives
     pool_size_t     slot_room;        // pool_size - slot, saturated at 0
-    slot_index_t    slot_index;       // pool_base + slot
-    pool_index_t    pool_index;       // slot_index ++ set
+    slot_index_t    slot_index;       // pool_base + slot (size code 3: + 4 slot)
+    pool_index_t    pool_index;       // slot_index ++ set (later passes: the pass's entry)
+    value_op_t      value_op;         // later passes: switchml_md.value_op
 
     // section 2 state of this packet
     worker_bitmap_t worker_bitmap_before;  // the set's bitmap before this packet

@@ -32,7 +32,7 @@ PACKET_DEFAULTS: dict[str, int] = {
     "e0": 0,
     "e1": 0,
 }
-PACKET_KEYS = {*PACKET_DEFAULTS, "size_code", "values", "fill", "n_values"}
+PACKET_KEYS = {*PACKET_DEFAULTS, "size_code", "values", "fill", "n_values", "values_at"}
 STEP_KEYS = {"from", "packet", "raw_hex", "expect", "note", "register"}
 ACTIONS = (
     "DROP_UNKNOWN_SOURCE",
@@ -112,12 +112,18 @@ def ip_to_int(text: str) -> int:
 
 def values_of(packet: dict[str, Any]) -> list[int]:
     """The packet's value list: ``n_values`` (default ``32 << size_code``) entries,
-    all ``fill`` (default 0), overwritten from the start by ``values``."""
+    all ``fill`` (default 0), overwritten from the start by ``values``, then at the
+    indices of ``values_at`` (``{"index": value}``, for values far into a packet)."""
     n = packet.get("n_values", 32 << packet["size_code"])
     values = list(packet.get("values", []))
     if len(values) > n:
         raise VectorError(f"{len(values)} values given for a packet of {n}")
-    return values + [packet.get("fill", 0)] * (n - len(values))
+    values += [packet.get("fill", 0)] * (n - len(values))
+    for index, value in packet.get("values_at", {}).items():
+        if not 0 <= int(index) < n:
+            raise VectorError(f"values_at index {index} outside a packet of {n} values")
+        values[int(index)] = value
+    return values
 
 
 def build_packet(packet: dict[str, Any]) -> bytes:

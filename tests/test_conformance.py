@@ -53,7 +53,25 @@ REQUIRED = {
     "drop_wrong_size_code",
     "drop_slot_range",
     "unused_bits_ignored",
+    # size code 3, the other size the Tofino program aggregates (four passes there)
+    "size_code_3_write_add_multicast",  # write, add, multicast, unicast over 256 values
+    "size_code_3_released_set_and_checks",  # released set written; checks at code 3
+    "size_codes_1_and_3_jobs",  # jobs of both sizes side by side
 }
+
+
+def test_vectors_cover_both_hardware_size_codes() -> None:
+    """Every size code the Tofino program aggregates has vectors (p4/ptf replays them)."""
+    codes = {job["size_code"] for v in VECTORS for job in v["jobs"]}
+    assert codes >= set(wire.HARDWARE_SIZE_CODES)
+
+
+def test_values_at_convention() -> None:
+    """``values_at`` sets single values anywhere in a packet, after ``values``/``fill``."""
+    got = values_of({"size_code": 3, "fill": 1, "values": [5], "values_at": {"255": 9, "0": 7}})
+    assert len(got) == 256 and got[0] == 7 and got[255] == 9 and set(got[1:255]) == {1}
+    with pytest.raises(VectorError, match="values_at index 256"):
+        values_of({"size_code": 3, "values_at": {"256": 1}})
 
 
 def test_every_rule_has_a_vector() -> None:

@@ -220,13 +220,13 @@ async def test_hardware_controller_serves_grpc_and_writes_bfrt_entries():
                         rank=1,
                         num_workers=2,
                         ipv4=ip("10.0.0.2"),
-                        packet_size=3,
+                        packet_size=2,
                         udp_port=5002,
                         pool_size=16,
                     )
                 )
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            assert "packet_size 3 is not supported" in info.value.details()
+            assert "packet_size 2 is not supported" in info.value.details()
     finally:
         await server.stop(0)
     ((key, data),) = rec.entries(bt.WORKER_BY_ADDRESS)
@@ -507,8 +507,8 @@ def test_room_refusals_of_each_target():
         reg(tof, 2, 0, 1, "10.0.0.2:2", pool=5000)
     assert info.value.code == "RESOURCE_EXHAUSTED"
     reg(tof, 1, 0, 1, "10.0.0.1:1", pool=8000)  # its own range counts as free
-    with pytest.raises(RegistrationError, match="packet_size 3 is not supported") as info:
-        reg(tof, 2, 0, 1, "10.0.0.2:2", code=3)
+    with pytest.raises(RegistrationError, match="packet_size 2 is not supported") as info:
+        reg(tof, 2, 0, 1, "10.0.0.2:2", code=2)
     assert info.value.code == "INVALID_ARGUMENT"
     many, _ = tofino_controller()
     for sid in range(1, 33):
@@ -647,7 +647,9 @@ def test_target_constants_and_names_are_the_p4_programs():
     assert program.value("MAX_WORKER_ENTRIES") == bt.MAX_WORKER_ENTRIES
     assert (1 << program.value("JOB_ID_BITS")) - 1 == bt.MAX_JOB_ID
     assert program.value("WORKER_ID_BITS") == bt.RID_WORKER_BITS
-    assert program.value("SIZE_CODE_SUPPORTED") == bt.SIZE_CODE
+    codes = {program.value("SIZE_CODE_ONE_PASS"), program.value("SIZE_CODE_FOUR_PASSES")}
+    assert codes == set(bt.SIZE_CODES)
+    assert program.value("QUARTERS") == bt.ENTRIES_PER_SLOT[3] and bt.ENTRIES_PER_SLOT[1] == 1
     for name in (bt.WORKER_BY_ADDRESS, bt.WORKER_BY_IP, bt.WORKER_ADDRESS, bt.ARP_ICMP):
         assert SCHEMA[name].kind == "match" and SCHEMA[name].writable, name
     assert set(SCHEMA[bt.WORKER_BY_ADDRESS].actions) >= {bt.SET_WORKER}

@@ -14,6 +14,7 @@ declarations and tables' ``const entries``. They check that
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from swemu import wire
@@ -126,15 +127,17 @@ class P4Source:
         """The table ``name``: its key fields, const entries and default action."""
         body = _block(self.text, rf"\btable\s+{name}\b")
         keys = [k.split(":")[0].strip() for k in _block(body, r"\bkey\s*=").split(";") if k.strip()]
-        entries = []
+        entries, args = [], []
         for entry in _split_top(self.expand(_block(body, r"\bconst\s+entries\s*=")), ";"):
             keyset, action = entry.rsplit(":", 1)
             keyset = keyset.strip()
             if keyset.startswith("(") and keyset.endswith(")"):
                 keyset = keyset[1:-1]
             entries.append(([self.keyset(k) for k in _split_top(keyset, ",")], _name(action)))
+            inside = action.split("(", 1)[1].rsplit(")", 1)[0]
+            args.append([self.value(a) for a in _split_top(inside, ",")])
         default = re.search(r"default_action\s*=\s*(\w+)", body)
-        return Table(name, keys, entries, default.group(1) if default else "NoAction")
+        return Table(name, keys, entries, default.group(1) if default else "NoAction", args)
 
     def keyset(self, text: str) -> tuple[int, int] | None:
         """``(value, mask)`` of one key of an entry; None for ``_`` (match anything)."""
@@ -159,18 +162,23 @@ class Table:
     keys: list[str]
     entries: list[tuple[list[tuple[int, int] | None], str]]
     default: str
+    args: list[list[int]]  # the action arguments of each entry
 
     def apply(self, **key_values: int) -> str:
         """The action chosen for key values given by the key's last name component."""
+        return self.call(**key_values)[0]
+
+    def call(self, **key_values: int) -> tuple[str, list[int]]:
+        """The action chosen, with the arguments its entry gives it."""
         values = [key_values[k.split(".")[-1].replace("()", "")] for k in self.keys]
-        for keyset, action in self.entries:
+        for (keyset, action), args in zip(self.entries, self.args, strict=True):
             assert len(keyset) == len(values), f"{self.name}: entry arity"
             if all(
                 k is None or (v & k[1]) == (k[0] & k[1])
                 for k, v in zip(keyset, values, strict=True)
             ):
-                return action
-        return self.default
+                return action, args
+        return self.default, []
 
 
 def _block(text: str, start: str) -> str:
@@ -251,7 +259,7 @@ def p4_pack(fields: list[Field], values: dict[str, int]) -> bytes:
 
 
 SWITCHML = P4.header("switchml_h")
-VALUES = P4.header("switchml_values_h")
+HALF = P4.header("value_half_h")  # values_first / values_second: 32 values each
 
 
 def test_switchml_header_is_protocol_section_1() -> None:
@@ -366,24 +374,32 @@ def test_wire_decodes_what_p4_deparser_writes(h: dict[str, int], unused: int, bi
 
 
 def test_values_header_holds_one_size_code_1_payload() -> None:
-    """switchml_values_h: values_per_packet(1) int32 fields v00..v63, so header plus
-    values are exactly packet_len(1) bytes."""
-    n = wire.values_per_packet(P4.value("SIZE_CODE_SUPPORTED"))
-    assert n == wire.values_per_packet(1) == P4.value("VALUES_PER_PACKET")
-    assert [f.name for f in VALUES] == [f"v{i:02d}" for i in range(n)]
-    assert all(f.width == 32 for f in VALUES)
-    total_bits = sum(f.width for f in SWITCHML) + sum(f.width for f in VALUES)
+    """Two value_half_h of VALUES_PER_HALF int32 fields v00..v31 are one pass's
+    values_per_packet(1) values, so header plus values are exactly packet_len(1)
+    bytes; a size-code-3 packet is QUARTERS passes of them."""
+    n = wire.values_per_packet(P4.value("SIZE_CODE_ONE_PASS"))
+    assert n == wire.values_per_packet(1) == P4.value("VALUES_PER_PASS")
+    half = P4.value("VALUES_PER_HALF")
+    assert 2 * half == n
+    assert [f.name for f in HALF] == [f"v{i:02d}" for i in range(half)]
+    assert all(f.width == 32 for f in HALF)
+    total_bits = sum(f.width for f in SWITCHML) + 2 * sum(f.width for f in HALF)
     assert total_bits == 8 * wire.packet_len(1)
+    four = P4.value("SIZE_CODE_FOUR_PASSES")
+    assert wire.values_per_packet(four) == P4.value("QUARTERS") * n == 256
+    header = P4.text[P4.text.index("struct header_t") :]
+    assert re.search(r"value_half_h\s+values_first;\s*value_half_h\s+values_second;", header)
 
 
 def test_every_value_is_aggregated_once() -> None:
-    """Aggregate hands each value field to exactly one register pair, as (i, i + 32)."""
-    calls = re.findall(r"pair(\d+)\.apply\(v\.(v\d+), v\.(v\d+), ig_md\)", P4.text)
-    assert len(calls) == len(VALUES) // 2
-    used = [name for _, first, second in calls for name in (first, second)]
-    assert sorted(used) == [f.name for f in VALUES]
+    """Aggregate hands each value of a pass to exactly one register pair, pair i
+    holding values i and i + 32 (values_first.v<i> and values_second.v<i>)."""
+    calls = re.findall(r"pair(\d+)\.apply\(first\.(v\d+), second\.(v\d+), ig_md\)", P4.text)
+    assert len(calls) == len(HALF)
+    assert sorted(first for _, first, _ in calls) == [f.name for f in HALF]
     for pair, first, second in calls:
-        assert (int(first[1:]), int(second[1:])) == (int(pair), int(pair) + len(VALUES) // 2)
+        assert int(first[1:]) == int(second[1:]) == int(pair)
+    assert "aggregate.apply(hdr.values_first, hdr.values_second, ig_md)" in P4.text
 
 
 # ----------------------------------------------------------------------------- constants
@@ -397,7 +413,8 @@ def test_constants_mirror_swemu_wire() -> None:
     assert P4.value("SWITCHML_HEADER_BYTES") == wire.HEADER_LEN
     for code in range(8):
         assert P4.value(f"UDP_LENGTH_CODE{code}") == 8 + wire.packet_len(code), code
-    assert P4.value("SIZE_CODE_SUPPORTED") in wire.HARDWARE_SIZE_CODES
+    supported = {P4.value("SIZE_CODE_ONE_PASS"), P4.value("SIZE_CODE_FOUR_PASSES")}
+    assert supported == set(wire.HARDWARE_SIZE_CODES) == {1, 3}
 
 
 def test_types_fit_the_constants() -> None:
@@ -426,7 +443,14 @@ NEXT_STEP_ACTIONS = {
     "multicast_result": Action.MULTICAST,
     "retransmit_pending": Action.RETRANSMIT_PENDING,
     "unicast_result": Action.UNICAST,
+    # size code 3: the same outcomes, with the other three quarters still to aggregate
+    "consume_aggregated": Action.AGGREGATED,
+    "consume_multicast": Action.MULTICAST,
+    "consume_unicast": Action.UNICAST,
 }
+CODE3_ACTIONS = {"consume_aggregated", "consume_multicast", "consume_unicast"}
+PASS = {name[5:]: P4.value(name) for name in P4.consts if name.startswith("PASS_")}
+OP = {name[9:]: P4.value(name) for name in P4.consts if name.startswith("VALUE_OP_")}
 
 
 def section2_next_step(retransmission: bool, count_after: int) -> Action:
@@ -436,18 +460,35 @@ def section2_next_step(retransmission: bool, count_after: int) -> Action:
     return Action.UNICAST if count_after == 0 else Action.RETRANSMIT_PENDING
 
 
-@given(before=st.integers(0, 2**32 - 1), w=st.integers(0, 31), count=st.integers(0, 31))
-def test_next_step_table_is_section_2(before: int, w: int, count: int) -> None:
-    """next_step's const entries give the §2 step-5 decision for every input."""
+@given(
+    before=st.one_of(st.just(0), st.integers(0, 2**32 - 1)),
+    w=st.integers(0, 31),
+    count=st.integers(0, 31),
+    code=st.sampled_from([1, 3]),
+)
+def test_next_step_table_is_section_2(before: int, w: int, count: int, code: int) -> None:
+    """next_step's const entries give the §2 step-5 decision for every input, for both
+    size codes; a size-code-3 packet that changes the values carries the step-4
+    decision (write after release, else add; read for an answered retransmission)."""
     map_result = before & (1 << w)
-    chosen = P4.table("next_step").apply(map_result=map_result, count=count)
+    chosen, args = P4.table("next_step").call(
+        size_code=code, map_result=map_result, count=count, worker_bitmap_before=before
+    )
     assert NEXT_STEP_ACTIONS[chosen] == section2_next_step(map_result != 0, count)
+    assert (chosen in CODE3_ACTIONS) == (code == 3 and chosen != "retransmit_pending")
+    if chosen in ("consume_aggregated", "consume_multicast"):
+        assert args == [OP["WRITE"] if before == 0 else OP["ADD"]]
+    if chosen == "consume_unicast":
+        assert "consume(VALUE_OP_READ, 1, 0);" in P4.action_body("consume_unicast")
 
 
 def test_next_step_actions_count_their_outcome() -> None:
     """Each next_step action records the Action of the same name in action_code."""
     for name, action in NEXT_STEP_ACTIONS.items():
         assert f"ig_md.action_code = ACTION_{action.name};" in P4.action_body(name), name
+    # a result is sent at the end (result = 1), by multicast or to the sender
+    assert "consume(op, 1, 1);" in P4.action_body("consume_multicast")
+    assert "consume(op, 0, 0);" in P4.action_body("consume_aggregated")
     for entry in P4.table("next_step").entries:
         assert entry[1] in NEXT_STEP_ACTIONS
 
@@ -477,15 +518,207 @@ def test_section_2_step_4_tables(
     leave everything alone on a retransmission ((before & b) != 0); the harvest pass
     only reads. Count and exponents see the bitmap, aggregate sees map_result too."""
     t = P4.table(table)
-    keys = {"worker_id": w, "worker_bitmap_before": before, "map_result": before & (1 << w)}
+    keys = {
+        "worker_id": w,
+        "worker_bitmap_before": before,
+        "map_result": before & (1 << w),
+        "value_op": 0,
+    }
     if before == 0:
         want = first
     elif before & (1 << w):
         want = retransmission
     else:
         want = new
-    assert t.apply(harvest=0, **keys) == want
-    assert t.apply(harvest=1, **keys) == harvest
+    assert t.apply(pass_type=PASS["FIRST"], **keys) == want
+    assert t.apply(pass_type=PASS["HARVEST"], **keys) == harvest
+
+
+@pytest.mark.parametrize("quarter", [1, 2, 3])
+@pytest.mark.parametrize("op", ["WRITE", "ADD", "READ"])
+def test_consume_passes_do_what_the_first_pass_decided(quarter: int, op: str) -> None:
+    """Size code 3: a consume pass writes, adds or reads its quarter as the first
+    pass decided (value_op), whatever the metadata of the bitmap says; bitmap, count
+    and exponents are left alone (they were updated once, by the first pass)."""
+    want = {"WRITE": "write", "ADD": "add", "READ": "read"}[op]
+    for before in (0, 1, 0xFFFFFFFF):
+        keys = {"worker_id": 0, "worker_bitmap_before": before, "map_result": before & 1}
+        pass_type = PASS[f"CONSUME{quarter}"]
+        assert P4.table("aggregate").apply(pass_type=pass_type, value_op=OP[op], **keys) == want
+        for table in ("count_workers", "exponents_max"):
+            assert P4.table(table).apply(pass_type=pass_type, value_op=OP[op], **keys) == (
+                "NoAction"
+            )
+
+
+def test_collect_passes_read_each_half_once() -> None:
+    """The eight collect passes of a size-code-3 result read each half of each
+    quarter exactly once, into the half header they open; e1 is read on the last."""
+    aggregate, half = P4.table("aggregate"), P4.table("collect_half")
+    expo = P4.table("exponents_max")
+    seen = []
+    for q in range(4):
+        for which, action in (("FIRST", "read"), ("SECOND", "harvest")):
+            pass_type = PASS[f"COLLECT_{q}_{which}"]
+            keys = {"value_op": 0, "worker_bitmap_before": 0, "map_result": 0, "worker_id": 0}
+            assert aggregate.apply(pass_type=pass_type, **keys) == action
+            assert half.apply(pass_type=pass_type) == f"open_{which.lower()}"
+            want_e1 = "harvest" if (q, which) == (0, "FIRST") else "NoAction"
+            assert expo.apply(pass_type=pass_type, **keys) == want_e1
+            seen.append(pass_type)
+    assert len(set(seen)) == 8
+    for pass_type in (PASS["FIRST"], PASS["HARVEST"], PASS["CONSUME1"]):
+        assert half.apply(pass_type=pass_type) == "NoAction"
+    # read() returns the first half into `first`, harvest() the second into `second`
+    assert "first = read_first.execute" in P4.action_body("read")
+    assert "second = read_second.execute" in P4.action_body("harvest")
+
+
+@functools.cache
+def table(name: str) -> Table:
+    """P4.table(name), read once (the simulation below applies tables per pass)."""
+    return P4.table(name)
+
+
+# The pool index each pass action leaves for the next pass, from the action bodies.
+STEP = {"consume_next": 2, "consume_then_collect": 0, "collect_same_quarter": 0}
+
+
+def test_pass_actions_move_to_the_right_entry() -> None:
+    """Consume passes move one entry on (pool_index + 2: one entry, both sets), the
+    last one stays for the first collect pass, collect passes stay or go one back."""
+    assert "recirculate(PASS_CONSUME1, ig_md.pool_index + 2," in P4.action_body("consume")
+    assert "go_round(next, 2);" in P4.action_body("consume_next")
+    assert "go_round(next, 0);" in P4.action_body("consume_then_collect")
+    assert "go_round(next, 0);" in P4.action_body("collect_same_quarter")
+    before = P4.action_body("collect_quarter_before")
+    assert "hdr.switchml_md.pool_index = ig_md.pool_index - 2;" in before
+    go_round = P4.action_body("go_round")
+    assert "hdr.switchml_md.pool_index = ig_md.pool_index + step;" in go_round
+    for body in (before, go_round):
+        assert "ig_tm_md.ucast_egress_port = ig_intr_md.ingress_port[8:7] ++" in body
+    for name in ("consume_next", "consume_then_collect", "consume"):
+        assert "hdr.values_first.setInvalid();" in P4.action_body(name)
+        assert "hdr.values_second.setInvalid();" in P4.action_body(name)
+    assert "setInvalid" not in P4.action_body("collect_same_quarter") + before
+
+
+def simulate_size_code_3(
+    registers: dict[int, list[list[int]]],
+    values: list[int],
+    *,
+    before: int,
+    w: int,
+    count: int,
+    pool_index: int,
+) -> tuple[str, list[int] | None, int]:
+    """One size-code-3 packet through every pass, as the P4 tables chain them.
+
+    ``registers[entry]`` is the 32 pairs [first, second] of one register entry. The
+    packet's payload is a list; a consume pass removes the 64 values at its front, a
+    collect pass puts 32 in front. Returns (the first pass's action, the payload of the
+    result or None when nothing is sent, the number of passes)."""
+    aggregate, half = table("aggregate"), table("collect_half")
+    payload = list(values)
+    map_result = before & (1 << w)
+    chosen, args = table("next_step").call(
+        size_code=3, map_result=map_result, count=count, worker_bitmap_before=before
+    )
+    if chosen not in CODE3_ACTIONS:
+        return chosen, None, 1
+    op = args[0] if args else OP["READ"]
+    result = 0 if chosen == "consume_aggregated" else 1
+    multicast = 1 if chosen == "consume_multicast" else 0
+    pass_type, index, passes = PASS["FIRST"], pool_index, 0
+    while True:
+        passes += 1
+        keys = {
+            "pass_type": pass_type,
+            "value_op": op if pass_type != PASS["FIRST"] else 0,
+            "worker_bitmap_before": before,
+            "map_result": map_result,
+        }
+        action = aggregate.apply(**keys)
+        opened = half.apply(pass_type=pass_type)
+        pairs = registers.setdefault(index, [[0, 0] for _ in range(32)])
+        if opened == "NoAction":  # a pass that carries 64 values
+            pass_values, payload = payload[:64], payload[64:]
+        for i, pair in enumerate(pairs):
+            if action == "write":
+                pair[:] = [pass_values[i], pass_values[i + 32]]
+            elif action == "add":
+                pair[:] = [wrap(pair[0] + pass_values[i]), wrap(pair[1] + pass_values[i + 32])]
+        if opened == "open_first":
+            payload = [p[0] for p in pairs] + payload
+        elif opened == "open_second":
+            payload = [p[1] for p in pairs] + payload
+        if pass_type == PASS["FIRST"]:
+            pass_type, index = PASS["CONSUME1"], index + 2
+            continue
+        step, args = table("next_pass").call(
+            pass_type=pass_type, result=result, multicast=multicast
+        )
+        if step in ("to_all_workers", "to_sender"):
+            assert step == ("to_all_workers" if multicast else "to_sender")
+            return chosen, payload, passes
+        if step == "consumed":
+            assert not payload
+            return chosen, None, passes
+        index += STEP.get(step, -2)
+        (pass_type,) = args
+
+
+def wrap(v: int) -> int:
+    return (v + 2**31) % 2**32 - 2**31
+
+
+@settings(deadline=None, max_examples=25)
+@given(
+    w=st.integers(2, 8),
+    data=st.data(),
+)
+def test_size_code_3_end_to_end(w: int, data: st.DataObject) -> None:
+    """W workers' 256-value packets into one slot, through the tables pass by pass:
+    every packet takes 4 passes, the last one's result 12, and it carries the
+    int32 sums of all 256 values in order; a retransmission afterwards gets the
+    same sums back (unicast) and changes nothing. The register entries are the
+    slot's four quarters."""
+    vectors = [
+        data.draw(st.lists(st.integers(-(2**31), 2**31 - 1), min_size=256, max_size=256))
+        for _ in range(w)
+    ]
+    registers: dict[int, list[list[int]]] = {}
+    base = 2 * 4 * data.draw(st.integers(0, 100))  # (pool_base + 4 slot) ++ set 0
+    bitmap = 0
+    for rank, vec in enumerate(vectors):
+        count_after = w - 1 - rank
+        chosen, out, passes = simulate_size_code_3(
+            registers, vec, before=bitmap, w=rank, count=count_after, pool_index=base
+        )
+        bitmap |= 1 << rank
+        if rank < w - 1:
+            assert (chosen, out, passes) == ("consume_aggregated", None, 4)
+        else:
+            assert chosen == "consume_multicast" and passes == 12
+            sums = [wrap(sum(col)) for col in zip(*vectors, strict=True)]
+            assert out == sums
+    assert sorted(registers) == [base, base + 2, base + 4, base + 6]
+    chosen, again, passes = simulate_size_code_3(
+        registers, vectors[0], before=bitmap, w=0, count=0, pool_index=base
+    )
+    assert (chosen, passes) == ("consume_unicast", 12) and again == out
+    chosen, _, passes = simulate_size_code_3(
+        registers, vectors[0], before=bitmap, w=0, count=1, pool_index=base
+    )
+    assert (chosen, passes) == ("retransmit_pending", 1)
+
+
+def test_size_code_3_single_worker_writes() -> None:
+    """W = 1: every packet is first and last: written (not added) and multicast."""
+    registers: dict[int, list[list[int]]] = {0: [[7, 7] for _ in range(32)]}
+    vec = list(range(256))
+    chosen, out, passes = simulate_size_code_3(registers, vec, before=0, w=0, count=0, pool_index=0)
+    assert (chosen, out, passes) == ("consume_multicast", vec, 12)
 
 
 def test_bitmap_update_sets_own_set_and_clears_other() -> None:
@@ -512,15 +745,17 @@ LENGTHS = sorted({8 + wire.packet_len(c) for c in range(8)} | {8, 17, 18, 19, 8 
 
 @pytest.mark.parametrize("udp_len", LENGTHS)
 def test_check_packet_table_is_section_1(udp_len: int) -> None:
-    """check_packet accepts exactly the well-formed packets of the job's size code 1, and
-    tells wrong-size from malformed as the emulator does; a job of another size code
-    (emulator only) can never have a packet accepted here."""
+    """check_packet accepts exactly the well-formed packets of the job's size code 1 or
+    3, and tells wrong-size from malformed as the emulator does; a job of another size
+    code (emulator only) can never have a packet accepted here."""
     t = P4.table("check_packet")
     for msg_type in range(16):
         for size in range(8):
             args = {"msg_type": msg_type, "size": size, "len": udp_len}
-            assert t.apply(size_code=1, **args) == section1_check(msg_type, size, udp_len, 1)
-            for job_code in (0, 2, 3):
+            for job_code in (1, 3):
+                got = t.apply(size_code=job_code, **args)
+                assert got == section1_check(msg_type, size, udp_len, job_code)
+            for job_code in (0, 2, 4, 5, 6, 7):
                 assert t.apply(size_code=job_code, **args) != "well_formed"
 
 

@@ -6,9 +6,11 @@ this class turns its calls into table entries (p4/README.md, "The control
 plane's part") and keeps only the bookkeeping the hardware needs:
 
 * a job gets a ``job_id`` (1..255, the per-job counter index and multicast group
-  id ``mgid``) and a free range ``[pool_base, pool_base + pool_size)`` of the
-  register pool all jobs share (first fit); creating it zeroes the bitmap and
-  count registers over the range (values and exponents are written on first use);
+  id ``mgid``) and a free range ``[pool_base, pool_base + entries)`` of the
+  register pool all jobs share (first fit), one entry per slot at size code 1 and
+  four at size code 3 (a quarter of the values each, p4/checks.p4); creating it
+  zeroes the bitmap and count registers over the range (values and exponents are
+  written on first use);
 * a worker is a ``worker_by_address`` entry (or ``worker_by_ip`` for udp_port 0),
   a ``worker_address`` entry and a multicast node, both keyed by the replication
   id ``rid = job_id << 5 | rank``; the node goes to the worker's device port
@@ -62,7 +64,10 @@ NUM_POOL_SLOTS = 8192
 MAX_JOB_ID = 255  # JOB_ID_BITS = 8; job 0 counts unknown sources
 MAX_WORKER_ENTRIES = 1024
 RID_WORKER_BITS = 5  # rid = job_id << 5 | rank (p4/result.p4)
-SIZE_CODE = 1  # SIZE_CODE_SUPPORTED
+#: Register entries a slot takes, per size code the program aggregates
+#: (SIZE_CODE_ONE_PASS, SIZE_CODE_FOUR_PASSES x QUARTERS).
+ENTRIES_PER_SLOT = {1: 1, 3: 4}
+SIZE_CODES = tuple(ENTRIES_PER_SLOT)
 ARP_OPCODE_REQUEST = 1
 ICMP_ECHO_REQUEST = 8
 
@@ -79,6 +84,11 @@ class WorkerPort:
     mac: int | None = None
 
 
+def job_entries(job: JobParams) -> int:
+    """Register entries a job of ``job.pool_size`` slots takes from the shared pool."""
+    return job.pool_size * ENTRIES_PER_SLOT[job.size_code]
+
+
 @dataclass
 class TofinoJob:
     """A job on the switch: its parameters and what was allocated for it."""
@@ -91,6 +101,11 @@ class TofinoJob:
     @property
     def mgid(self) -> int:
         return self.job_id
+
+    @property
+    def entries(self) -> int:
+        """Register entries of the pool the job holds."""
+        return job_entries(self.params)
 
     def rid(self, rank: int) -> int:
         return self.job_id << RID_WORKER_BITS | rank
@@ -129,7 +144,7 @@ class TofinoTarget:
             max_workers=BITMAP_WORKERS,
             max_pool_size=NUM_POOL_SLOTS,
             default_pool_size=default_pool_size,
-            size_codes=frozenset({SIZE_CODE}),
+            size_codes=frozenset(SIZE_CODES),
         )
         if clear:
             self.clear()
@@ -199,11 +214,9 @@ class TofinoTarget:
         table.entry_mod(self.device, keys, [zero] * count)
 
     def _free_range(self, size: int, exclude: TofinoJob | None) -> int | None:
-        """First fit: the lowest pool_base with ``size`` free slots after it."""
+        """First fit: the lowest pool_base with ``size`` free entries after it."""
         used = sorted(
-            (j.pool_base, j.pool_base + j.params.pool_size)
-            for j in self.jobs.values()
-            if j is not exclude
+            (j.pool_base, j.pool_base + j.entries) for j in self.jobs.values() if j is not exclude
         )
         base = 0
         for start, end in used:
@@ -274,11 +287,17 @@ class TofinoTarget:
             return RegistrationError(
                 RESOURCE_EXHAUSTED, f"all {MAX_JOB_ID} job ids of the switch are in use"
             )
-        if self._free_range(job.pool_size, replacing) is None:
-            used = sum(j.params.pool_size for j in others)
+        entries = job_entries(job)
+        if self._free_range(entries, replacing) is None:
+            used = sum(j.entries for j in others)
+            size = (
+                f"{job.pool_size} slots"
+                if entries == job.pool_size
+                else (f"{entries} entries ({job.pool_size} slots at size code {job.size_code})")
+            )
             return RegistrationError(
                 RESOURCE_EXHAUSTED,
-                f"no free range of {job.pool_size} slots in the switch's pool of "
+                f"no free range of {size} in the switch's pool of "
                 f"{NUM_POOL_SLOTS} ({used} in use by {len(others)} jobs)",
             )
         reserved = sum(j.params.num_workers for j in others)
@@ -309,11 +328,12 @@ class TofinoTarget:
 
     def create_job(self, job: JobParams, *, now: float) -> TofinoJob:
         job_id = min(set(range(1, MAX_JOB_ID + 1)) - set(self.jobs))
-        base = self._free_range(job.pool_size, None)
+        entries = job_entries(job)
+        base = self._free_range(entries, None)
         assert base is not None, "room_for_job was not asked"
         # a new job starts from idle slots: no bitmap bit set, no count pending
-        self._zero(WORKER_BITMAP, base, job.pool_size)
-        self._zero(COUNT, 2 * base, 2 * job.pool_size)
+        self._zero(WORKER_BITMAP, base, entries)
+        self._zero(COUNT, 2 * base, 2 * entries)
         entry = TofinoJob(job, job_id, base)
         table = self._table(PRE_MGID)
         table.entry_add(

@@ -1,24 +1,30 @@
-"""The BF Runtime names of p4/switchml.p4, read from the P4 source itself.
+"""The BF Runtime names of p4/switchml.p4, read from the P4 source itself, and
+compared with the ``bfrt.json`` bf-p4c writes.
 
-bf-p4c writes the program's BF Runtime schema (``bf-rt.json``) when it compiles;
-no bf-p4c exists here, so this module derives the part a controller needs from
-the ``.p4`` files with a few regular expressions: every table the control plane
-can write (full name, key fields and match kinds, actions and their data
-fields with widths, size), every register (index range, data fields) and
+bf-p4c writes the program's BF Runtime schema (``bfrt.json``, p4/build.sh) when
+it compiles; so that a controller can be checked without it, this module derives
+the part a controller needs from the ``.p4`` files with a few regular expressions:
+every table the control plane can write (full name, key fields and match kinds,
+actions and their data fields with widths, size), every register (index range, data fields) and
 counter, plus the fixed ``$pre.*`` tables of the packet replication engine. It
 follows bf-p4c's naming: ``pipe.<Ingress|Egress>.<instance path>.<name>`` for
 tables, ``<Ingress|Egress>.<instance path>.<action>`` for actions, ``$valid``
 for an ``isValid()`` key, ``<register path>.<field>`` for a struct register's
-fields and ``<register path>.f1`` for a plain one.
+fields and ``<register path>.f1`` for a plain one (the rules of p4c's
+backends/tofino/bf-p4c/control-plane/bfruntime.cpp and bfruntime_arch_handler.h).
 
 :class:`p4.controller.recording_bfrt.RecordingBfrt` checks every write against
 it, so that the Tofino target cannot name a table, field or action the program
-does not have, or write a value wider than its field.
+does not have, or write a value wider than its field. :func:`load_bfrt_json` reads
+the same view from a compiled ``bfrt.json`` and :func:`compare` lists where the
+two differ (``python -m p4.controller.p4_schema p4/build/switchml/bfrt.json``).
 """
 
 from __future__ import annotations
 
+import json
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -248,3 +254,134 @@ class P4Program:
 def load_schema(directory: Path | str = P4_DIR) -> dict[str, TableSchema]:
     """The BF Runtime tables of the program in ``directory`` (default: this repository's)."""
     return P4Program(directory).schema()
+
+
+# ------------------------------------------------------------------ bfrt.json
+#: bfrt.json table types and the kinds above (other types are not compared).
+BFRT_KINDS = {
+    "MatchAction_Direct": "match",
+    "MatchAction_Indirect": "match",
+    "Register": "register",
+    "Counter": "counter",
+    "PreMgid": "pre",
+    "PreNode": "pre",
+}
+
+
+def _width(field_spec: dict) -> int:
+    """Bits of a bfrt.json key or data field (``type.width``; booleans are 1)."""
+    ftype = field_spec.get("type", {})
+    if ftype.get("type") == "bool":
+        return 1
+    return int(ftype.get("width", 0))
+
+
+def load_bfrt_json(path: Path | str) -> dict[str, TableSchema]:
+    """The tables of a bf-p4c ``bfrt.json`` (its ``tables`` list), in this module's terms:
+    key fields with match kinds and widths, actions with their data fields, the data
+    fields of registers, counters and PRE tables. Internal fields (``$MATCH_PRIORITY``)
+    are left out of the keys, as a controller gives them apart."""
+    with open(path) as f:
+        doc = json.load(f)
+    tables: dict[str, TableSchema] = {}
+    for t in doc.get("tables", []):
+        kind = BFRT_KINDS.get(t.get("table_type", ""))
+        if kind is None:
+            continue
+        keys = {
+            k["name"]: k.get("match_type", "Exact").lower()
+            for k in t.get("key", [])
+            if k["name"] != "$MATCH_PRIORITY"
+        }
+        widths = {k["name"]: _width(k) for k in t.get("key", []) if k["name"] in keys}
+        actions = {
+            a["name"]: {d["name"]: _width(d) for d in a.get("data", [])}
+            for a in t.get("action_specs", [])
+        }
+        data = {}
+        for d in t.get("data", []):
+            spec = d.get("singleton", d)
+            if "name" in spec:
+                data[spec["name"]] = _width(spec)
+        tables[t["name"]] = TableSchema(
+            t["name"],
+            kind,
+            size=int(t.get("size", 0)),
+            keys=keys,
+            key_widths=widths,
+            actions=actions,
+            data_fields=data,
+        )
+    return tables
+
+
+def compare(
+    source: dict[str, TableSchema],
+    compiled: dict[str, TableSchema],
+    names: set[str] | None = None,
+) -> list[str]:
+    """Where the compiled schema does not have what the source schema says, one line
+    each: tables (``names``: only these; default all but the PRE's, which the SDE
+    defines), their keys with match kinds and widths, actions with data fields and
+    widths, register data fields. Sizes are not compared (the compiler may round)."""
+    problems = []
+    wanted = names if names is not None else {n for n, t in source.items() if t.kind != "pre"}
+    for name in sorted(wanted):
+        want = source[name]
+        got = compiled.get(name)
+        if got is None:
+            problems.append(f"{name}: not in bfrt.json")
+            continue
+        for key, match in want.keys.items():
+            if key not in got.keys:
+                problems.append(f"{name}: no key field {key}")
+            elif got.keys[key] != match:
+                problems.append(f"{name}: key {key} is {got.keys[key]}, the source says {match}")
+            elif key in want.key_widths and got.key_widths.get(key) != want.key_widths[key]:
+                problems.append(
+                    f"{name}: key {key} is {got.key_widths.get(key)} bits, "
+                    f"the source says {want.key_widths[key]}"
+                )
+        for action, params in want.actions.items():
+            if want.const_entries:
+                break  # entries fixed by the program: the controller writes none
+            if action not in got.actions:
+                problems.append(f"{name}: no action {action}")
+                continue
+            for param, width in params.items():
+                got_width = got.actions[action].get(param)
+                if got_width != width:
+                    problems.append(
+                        f"{name}: {action}({param}) is {got_width} bits, the source says {width}"
+                    )
+        for data, width in want.data_fields.items():
+            if want.kind != "register":
+                continue
+            if got.data_fields.get(data) != width:
+                problems.append(
+                    f"{name}: data field {data} is {got.data_fields.get(data)} bits, "
+                    f"the source says {width}"
+                )
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m p4.controller.p4_schema BFRT_JSON``: compare it with p4/*.p4."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m p4.controller.p4_schema path/to/bfrt.json", file=sys.stderr)
+        return 2
+    try:
+        compiled = load_bfrt_json(args[0])
+    except (OSError, ValueError) as exc:
+        print(f"error: cannot read {args[0]}: {exc}", file=sys.stderr)
+        return 1
+    problems = compare(load_schema(), compiled)
+    for line in problems:
+        print(line)
+    print(f"{len(problems)} differences" if problems else "bfrt.json has every name of p4/*.p4")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -19,8 +19,8 @@ parameters (``--test-params "k=v;k=v"``):
     switch_mac    the switch's MAC address (default "02:00:00:00:00:fe")
     check_actions 1/0: also check the action counters (default 1)
 
-Vectors of jobs with a size code other than 1 are skipped: the program aggregates size
-code 1 only (p4/README.md).
+Vectors of jobs with a size code other than 1 and 3 are skipped: the program
+aggregates those two (size code 3 in four passes, p4/README.md).
 """
 
 from __future__ import annotations
@@ -47,7 +47,10 @@ except ImportError:  # pragma: no cover - imported for documentation or linting 
 
 ACTION_CODES = {name: i for i, name in enumerate(conformance.ACTIONS)}  # = swemu Action values
 RID_WORKER_BITS = 5  # rid = job_id << 5 | rank (p4/result.p4)
-HARDWARE_SIZE_CODE = 1
+#: Register entries of the shared pool per slot, per size code the program aggregates
+#: (p4/checks.p4; = p4.controller.bfrt_target.ENTRIES_PER_SLOT, checked by
+#: tests/test_p4_bfrt_names.py).
+ENTRIES_PER_SLOT = {1: 1, 3: 4}
 
 
 def worker_mac(ip: int) -> str:
@@ -82,7 +85,7 @@ class Registrations:
                 "pool_base": self.next_pool_base,
                 "workers": {},
             }
-            self.next_pool_base += reg.pool_size
+            self.next_pool_base += reg.pool_size * ENTRIES_PER_SLOT[reg.size_code]
         job = self.jobs[reg.session_id]
         addr = (reg.ipv4, reg.udp_port)
         previous_owner = self.owner.get(addr)
@@ -315,8 +318,8 @@ class SwitchMLVectors(BaseTest):
         for vector in conformance.load_vectors(directory):
             if only and vector["name"] not in only:
                 continue
-            if any(j["size_code"] != HARDWARE_SIZE_CODE for j in vector["jobs"]):
-                print(f"skip {vector['name']}: size code other than 1")
+            if any(j["size_code"] not in ENTRIES_PER_SLOT for j in vector["jobs"]):
+                print(f"skip {vector['name']}: size code other than 1 and 3")
                 continue
             print(f"vector {vector['name']}")
             self.run_vector(vector)

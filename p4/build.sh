@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# build.sh -- compile p4/switchml.p4 for Tofino 1 with bf-p4c (p4c's open-source Tofino
+# back end) and record the compiler's resource summary.
+#
+# usage: p4/build.sh [--compiler PATH] [--out DIR] [--check-only] [-- EXTRA_BF_P4C_OPTIONS...]
+#
+#   --compiler PATH  the bf-p4c driver (default: $BF_P4C, else `bf-p4c` on PATH)
+#   --out DIR        where the outputs go (default: p4/build, git-ignored)
+#   --check-only     run p4c's p4test front end (check-p4, from $SWITCHML_CHECK_P4 or
+#                    ../shared/tools/p4c/bin/check-p4) instead of bf-p4c
+#
+# One program serves both hardware size codes (1: 64 values, 3: 256 values with
+# recirculation; p4/README.md), so there is one build: DIR/switchml/. bf-p4c writes there
+#   bfrt.json                      BF Runtime schema (what p4/controller/ writes against)
+#   manifest.json, switchml.conf   what run_switchd.sh / bf_switchd load
+#   pipe/context.json, pipe/tofino.bin   the driver's table layout and the binary
+#   pipe/logs/resources.json, pipe/logs/mau.resources.log, pipe/logs/phv.json, ...
+#                                  resource use per stage (written because of -g)
+# and this script adds BUILD-INFO.txt (compiler version, command, exit status) and
+# resources.txt (the compiler's summary, as printed at the end). Exit status: bf-p4c's.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+program=$here/switchml.p4
+out=$here/build
+compiler=${BF_P4C:-}
+check_only=0
+extra=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --compiler) compiler=${2:?--compiler needs a path}; shift 2 ;;
+    --out) out=${2:?--out needs a directory}; shift 2 ;;
+    --check-only) check_only=1; shift ;;
+    -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --) shift; extra=("$@"); break ;;
+    *) echo "build.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+if [ "$check_only" = 1 ]; then
+  check=${SWITCHML_CHECK_P4:-$here/../../shared/tools/p4c/bin/check-p4}
+  if [ ! -x "$check" ]; then
+    echo "build.sh: no check-p4 at $check: set SWITCHML_CHECK_P4 to the p4test wrapper" >&2
+    exit 127
+  fi
+  bindir=$(dirname "$(readlink -f "$check")")
+  if [ -f "$bindir/p4include" ] && [ -x "$bindir/p4test" ]; then
+    # A copy of the tool that turned its p4include -> ../include link into a file: p4test
+    # takes its include directory from beside its own binary, so run a copy whose link is
+    # right (kept under $out; no change to the tool itself).
+    fixed=$out/check-p4/bin
+    if [ ! -x "$fixed/p4test" ] || [ "$bindir/p4test" -nt "$fixed/p4test" ]; then
+      mkdir -p "$fixed"
+      cp "$bindir/p4test" "$bindir/check-p4" "$fixed/"
+      ln -sfn "$(dirname "$bindir")/include" "$fixed/p4include"
+    fi
+    check=$fixed/check-p4
+  fi
+  echo "== check-p4 $program ${extra[*]}"
+  exec "$check" "$program" "${extra[@]}"
+fi
+
+if [ -z "$compiler" ]; then
+  compiler=$(command -v bf-p4c || true)
+fi
+if [ -z "$compiler" ]; then
+  echo "build.sh: no bf-p4c found: put it on PATH, set BF_P4C=/path/to/bf-p4c or pass --compiler PATH" >&2
+  exit 127
+fi
+if [ ! -x "$compiler" ]; then
+  echo "build.sh: the compiler '$compiler' is not an executable file" >&2
+  exit 127
+fi
+
+dir=$out/switchml
+rm -rf "$dir"
+mkdir -p "$dir"
+cmd=("$compiler" --std p4-16 --target tofino --arch tna -g -o "$dir" "${extra[@]}" "$program")
+version=$("$compiler" --version 2>&1 | head -n 3 || true)
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "compiler: $compiler"
+  echo "version: $version"
+  echo "source commit: $(git -C "$here" rev-parse HEAD 2>/dev/null || echo unknown)"
+  echo "command: ${cmd[*]}"
+} >"$dir/BUILD-INFO.txt"
+
+echo "== ${cmd[*]}"
+status=0
+"${cmd[@]}" 2>&1 | tee "$dir/compile.log" || status=${PIPESTATUS[0]}
+echo "exit status: $status" >>"$dir/BUILD-INFO.txt"
+
+# The compiler's own resource table (p4c-build-logs writes it from resources.json).
+{
+  for log in mau.resources.log; do
+    for f in "$dir"/pipe/logs/$log; do
+      [ -f "$f" ] && { echo "== $f"; cat "$f"; }
+    done
+  done
+  [ -f "$dir/bfrt.json" ] && echo "bfrt.json: $dir/bfrt.json"
+} | tee "$dir/resources.txt"
+if [ "$status" != 0 ]; then
+  echo "build.sh: bf-p4c failed (exit status $status); log in $dir/compile.log" >&2
+fi
+exit "$status"
