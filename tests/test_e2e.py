@@ -78,6 +78,7 @@ def test_packet_sizes_and_windows(emulator):
 
 def test_dead_peer_makes_the_others_fail_in_time_and_emulator_recovers(emulator):
     import multiprocessing
+    import os
 
     from hostlib.pytest_plugin import _rank_main
 
@@ -87,6 +88,7 @@ def test_dead_peer_makes_the_others_fail_in_time_and_emulator_recovers(emulator)
         mp.Process(
             target=_rank_main,
             args=(
+                os.getpid(),
                 r,
                 3,
                 emulator.switch,
