@@ -67,9 +67,14 @@ class Context:
     """Blocking wrapper of :class:`AsyncContext` with a private event loop."""
 
     def __init__(self, options: Options) -> None:
-        self.options = options
         self._loop = _new_loop()
         self._actx = AsyncContext(options)
+
+    @property
+    def options(self) -> Options:
+        """The options in force (the packet size and window are filled in when
+        joining, if they were left to their defaults)."""
+        return self._actx.options
 
     def __enter__(self) -> Context:
         self.open()
@@ -96,11 +101,15 @@ class Context:
         return self._loop.run_until_complete(actx.allreduce(x, out))
 
     def close(self) -> None:
-        """Leave the job and free the socket and the loop."""
+        """Leave the job (telling the controller: the last worker to leave frees
+        it on the switch) and free the socket and the loop."""
         if self._loop.is_closed():
             return
-        self._actx.close()
-        self._loop.close()
+        try:
+            self._loop.run_until_complete(self._actx.aclose())
+        finally:
+            self._actx.close()
+            self._loop.close()
 
     @property
     def session_id(self) -> int | None:
@@ -146,9 +155,10 @@ def connect(
 
     ``switch``/``control`` are ``HOST:PORT`` (defaults: the controller at
     127.0.0.1:50099, the data plane wherever the controller says). ``packet_size``
-    is a size code (default 3 = 256 values, Tofino-compatible; 6 is fastest on
-    the emulator), ``window`` the slots in flight (default: 512 KiB in flight,
-    at most 512 slots; 507 at code 3, 63 at code 6). ``timeout``,
+    is a size code (default: the emulator's fastest, 6, when the controller says
+    it is an emulator; 3 = 256 values on hardware), ``window`` the slots in
+    flight (default: 512 KiB in flight, at most 512 slots; 507 at code 3, 63 at
+    code 6). ``timeout``,
     ``backoff_after``, ``max_timeout``, ``no_progress`` and ``reorder_guard``
     set retransmission, failure detection and protection against reordering
     networks (see :class:`Timing`). ``gso=False`` turns off UDP segmentation
