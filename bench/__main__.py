@@ -1,4 +1,4 @@
-"""``python -m bench {allreduce,loss,switch}``: the benchmarks, side by side in one run.
+"""``python -m bench {allreduce,loss,switch,soak}``: the benchmarks, side by side in one run.
 
 Results go to ``--out`` (default ``bench/results/``, git-ignored) as JSON, a
 markdown table and a PNG plot.
@@ -55,6 +55,13 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--seconds", type=float, default=1.0)
     s.add_argument("--shards", type=int, default=1, help="data-plane processes (serve --shards)")
     s.add_argument("--out", type=Path, default=Path("bench/results"))
+    so = sub.add_parser("soak", help="consecutive jobs against one emulator: memory stays flat")
+    so.add_argument("--jobs", type=int, default=1000)
+    so.add_argument("--workers", type=int, default=2)
+    so.add_argument("--size", type=_list(None), default=[64 << 10], help="bytes per worker")
+    so.add_argument("--every", type=int, default=100, help="sample the RSS every N jobs")
+    so.add_argument("--shards", type=int, default=1, help="data-plane processes (serve --shards)")
+    so.add_argument("--out", type=Path, default=Path("bench/results"))
     args = p.parse_args(argv)
 
     if args.what == "allreduce":
@@ -75,6 +82,22 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import json
 
+    if args.what == "soak":
+        from . import soak
+
+        data = soak.run(
+            args.jobs,
+            args.workers,
+            args.size[0],
+            args.every,
+            args.shards,
+            log=lambda m: print(m, file=sys.stderr),
+        )
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "soak.json").write_text(json.dumps(data, indent=2))
+        (args.out / "soak.md").write_text(soak.markdown(data) + "\n")
+        print(soak.markdown(data))
+        return 0 if data["live_jobs_at_end"] == 0 else 1
     if args.what == "loss":
         from . import loss
 
