@@ -150,6 +150,7 @@ def connect(
     join_timeout: float | None = None,
     bind: str | None = None,
     gso: bool | None = None,
+    release: bool | None = None,
 ) -> Context:
     """Join a SwitchML job (blocking API); use as a context manager.
 
@@ -164,6 +165,9 @@ def connect(
     networks (see :class:`Timing`). ``gso=False`` turns off UDP segmentation
     offload (on by default where the kernel and the route allow it; the switch
     sees the same datagrams either way, and ``SWITCHML_GSO=0`` also turns it off).
+    ``release=False`` leaves the job on the switch when the context closes (to
+    read its counters afterwards with ``switchml-emu stats``; the emulator frees
+    it once idle, docs/lifetime.md); by default the last worker to close frees it.
     """
     return Context(_options(**_kwargs(locals())))
 
@@ -186,6 +190,7 @@ def aconnect(
     join_timeout: float | None = None,
     bind: str | None = None,
     gso: bool | None = None,
+    release: bool | None = None,
 ) -> AsyncContext:
     """The asyncio twin of :func:`connect`: ``async with hostlib.aconnect(...) as actx``."""
     return AsyncContext(_options(**_kwargs(locals())))
@@ -198,7 +203,8 @@ def _kwargs(local: dict[str, Any]) -> dict[str, Any]:
 def env_options(environ: dict[str, str] | None = None) -> dict[str, Any]:
     """Connection arguments from the environment ``switchml run`` sets:
     RANK, WORLD_SIZE (as torchrun), SWITCHML_SWITCH, SWITCHML_CONTROL,
-    SWITCHML_SESSION_ID, SWITCHML_PACKET_SIZE, SWITCHML_WINDOW, SWITCHML_NO_PROGRESS."""
+    SWITCHML_SESSION_ID, SWITCHML_PACKET_SIZE, SWITCHML_WINDOW, SWITCHML_NO_PROGRESS,
+    SWITCHML_RELEASE (0: leave the job on the switch when closing)."""
     env = os.environ if environ is None else environ
     if "RANK" not in env or "WORLD_SIZE" not in env:
         raise SwitchMLError(
@@ -221,6 +227,7 @@ def env_options(environ: dict[str, str] | None = None) -> dict[str, Any]:
         "no_progress": float(env[ENV_PREFIX + "NO_PROGRESS"])
         if env.get(ENV_PREFIX + "NO_PROGRESS")
         else None,
+        "release": env.get(ENV_PREFIX + "RELEASE", "1") != "0",
     }
 
 

@@ -67,6 +67,9 @@ class Options:
     join_timeout: float = 120.0
     bind: str | None = None  # local IP to send from (None: the route to the switch)
     gso: bool = True  # UDP segmentation offload where the kernel and the route allow it
+    # tell the controller when leaving (Release; the last rank's frees the job). False
+    # leaves a finished job on the switch for inspection (stats) until it expires
+    release: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:
@@ -81,10 +84,9 @@ class Options:
             raise ValueError(f"window must be in 1..{wire.MAX_SLOTS}")
 
     def with_packet_size(self, packet_size: int) -> Options:
-        """These options with the packet size chosen (and the window, if it was
-        left to default, sized for it)."""
-        window = self.window if self.packet_size is not None else None
-        return dataclasses.replace(self, packet_size=packet_size, window=window)
+        """These options with the packet size chosen when it was left open (a
+        window left open too is then sized for it; a given one is kept)."""
+        return dataclasses.replace(self, packet_size=packet_size)
 
 
 class AsyncContext:
@@ -257,6 +259,8 @@ class AsyncContext:
         if self._released or self.membership is None:
             return
         self._released = True
+        if not self.options.release:
+            return
         o, m = self.options, self.membership
         ctl = ControlClient(o.control)
         try:
