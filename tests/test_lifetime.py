@@ -299,3 +299,29 @@ async def test_emulator_default_packet_size_for_hostlib_workers():
         sizes = await _job(switch, control, 2)
         assert sizes == [int(wire.EMULATOR_SIZE_CODE)] * 2
         assert emu.engine.jobs == {} and emu.engine.released["explicit"] == 1
+
+
+async def test_release_over_grpc_frees_the_tofino_entries():
+    """The hardware controller's gRPC API (the services switchml_ctl.py serves):
+    Release by the job's only rank deletes its table entries."""
+    tof, _ = tofino_controller()
+    hw = SessionService(tof, switch_ipv4=ip("10.0.0.254"), clock=time.monotonic)
+    server, port = await start_control_server("127.0.0.1", 0, (hw, SyncService()))
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.SessionStub(channel)
+            worker = {"ipv4": ip("10.0.0.1"), "udp_port": 7}
+            resp = await stub.UdpSession(
+                pb.UdpSessionRequest(
+                    session_id=3, rank=0, num_workers=1, packet_size=1, mac=0x020000000001, **worker
+                )
+            )
+            assert not resp.HasField("emulator")  # hardware: the default stays size code 3
+            assert tables(tof)["workers"]
+            got = await stub.Release(pb.ReleaseRequest(session_id=3, rank=0, **worker))
+            assert (got.found, got.freed, got.remaining) == (True, True, 0)
+            assert tables(tof)["workers"] == [] and tof.read_state()["target"]["jobs"] == {}
+            again = await stub.Release(pb.ReleaseRequest(session_id=3, rank=0, **worker))
+            assert not again.found  # already freed: not an error
+    finally:
+        await server.stop(None)
