@@ -69,6 +69,13 @@ def main(argv: list[str] | None = None) -> int:
         "--tree", type=Path, action="append", default=[], help="another source tree to compare"
     )
     f.add_argument("--out", type=Path, default=Path("bench/results"))
+    so = sub.add_parser("soak", help="consecutive jobs against one emulator: memory stays flat")
+    so.add_argument("--jobs", type=int, default=1000)
+    so.add_argument("--workers", type=int, default=2)
+    so.add_argument("--size", type=_list(None), default=[64 << 10], help="bytes per worker")
+    so.add_argument("--every", type=int, default=100, help="sample the RSS every N jobs")
+    so.add_argument("--shards", type=int, default=1, help="data-plane processes (serve --shards)")
+    so.add_argument("--out", type=Path, default=Path("bench/results"))
     args = p.parse_args(argv)
 
     if args.what == "allreduce":
@@ -110,6 +117,22 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "firstrun.md").write_text(firstrun.markdown(data))
         print(firstrun.markdown(data))
         return 0
+    if args.what == "soak":
+        from . import soak
+
+        data = soak.run(
+            args.jobs,
+            args.workers,
+            args.size[0],
+            args.every,
+            args.shards,
+            log=lambda m: print(m, file=sys.stderr),
+        )
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "soak.json").write_text(json.dumps(data, indent=2))
+        (args.out / "soak.md").write_text(soak.markdown(data) + "\n")
+        print(soak.markdown(data))
+        return 0 if data["live_jobs_at_end"] == 0 else 1
     if args.what == "loss":
         from . import loss
 

@@ -37,12 +37,12 @@ def main() -> int:
     n = nbytes // dtype.itemsize
     ctx = hostlib.from_env()
     rank, w = ctx.rank, ctx.world_size
-    nvals = wire.values_per_packet(ctx.options.packet_size)
     report: dict = {"rank": rank, "iters": []}
     phase = "the warm-up allreduce"
     it = -1
     try:
         with ctx:
+            nvals = wire.values_per_packet(ctx.options.packet_size)  # known once joined
             tick = np.zeros(1, np.int32)
             ctx.allreduce(worker_input(rank, 4096, 0, dtype))  # warm up kernels and the path
             out = np.empty(n, dtype)

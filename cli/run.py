@@ -63,8 +63,8 @@ from .terminal import SIZE, CLIError, terminal
     "--packet-size",
     default=None,
     type=click.IntRange(0, 7),
-    help="Size code (values = 32 << code) [default: 6 on the local emulator, "
-    "3 (Tofino-compatible) on a given switch].",
+    help="Size code (values = 32 << code) [default: the emulator's fastest (6) when the "
+    "switch is an emulator, 3 (Tofino-compatible) on hardware].",
 )
 @click.option(
     "--window",
@@ -128,7 +128,9 @@ def run(
             raise CLIError(str(exc)) from None
         control = control or f"{host}:50099"
     if packet_size is None:
-        packet_size = 3 if switch else 6
+        from swemu.wire import EMULATOR_SIZE_CODE
+
+        packet_size = _switch_packet_size(control) if switch else int(EMULATOR_SIZE_CODE)
     if window is None:
         from hostlib.client import default_window
 
@@ -340,6 +342,29 @@ class _Lines:
         text = [line.decode(errors="replace").rstrip("\r") for line in lines]
         self.seen = (self.seen + [t for t in text if t.strip()])[-20:]
         return text
+
+
+def _switch_packet_size(control: str) -> int:
+    """The default size code for a given switch: its controller's answer
+    (an emulator names its fastest; hardware, or a controller without the
+    question, gets 3), so that every worker uses the same one."""
+    import asyncio
+
+    from hostlib.control import ControlClient
+    from hostlib.errors import ControlPlaneError
+
+    async def ask() -> int:
+        ctl = ControlClient(control)
+        try:
+            await ctl.connect()
+            return await ctl.default_packet_size()
+        finally:
+            await ctl.close()
+
+    try:
+        return asyncio.run(ask())
+    except ControlPlaneError as exc:
+        raise CLIError(str(exc)) from None
 
 
 def _launch(

@@ -18,6 +18,30 @@ def _probability(ctx, param, value):
     return value
 
 
+class Seconds(click.ParamType):
+    """A number of seconds, or ``never`` (None)."""
+
+    name = "seconds"
+
+    def __init__(self, *, positive: bool) -> None:
+        self.positive = positive
+
+    def convert(self, value, param, ctx):
+        if value is None or isinstance(value, float):
+            return value
+        if str(value).lower() == "never":
+            return None
+        try:
+            seconds = float(value)
+        except ValueError:
+            self.fail(f"{value!r} is neither a number of seconds nor 'never'", param, ctx)
+        if seconds < 0 or (self.positive and seconds == 0) or seconds != seconds:
+            self.fail(
+                f"{value} must be {'>' if self.positive else '>='} 0 (or 'never')", param, ctx
+            )
+        return seconds
+
+
 def _pcap_size(ctx, param, value):
     if value < 24:
         raise click.BadParameter("must leave room for the 24-byte pcap file header")
@@ -80,9 +104,19 @@ def _pcap_size(ctx, param, value):
 )
 @click.option(
     "--idle-timeout",
-    default=None,
-    type=click.FloatRange(min=0, min_open=True),
-    help="Free a job's pool after this many seconds without packets [default: never].",
+    default="600",
+    show_default=True,
+    type=Seconds(positive=True),
+    help="Free a job after this many seconds without packets or registrations, for "
+    "jobs whose workers vanished without releasing it ('never' keeps them).",
+)
+@click.option(
+    "--evict-after",
+    default="1",
+    show_default=True,
+    type=Seconds(positive=False),
+    help="When the switch is full (--max-jobs, --max-pool-memory), a new job may evict "
+    "the jobs idle longest, if idle this many seconds ('never': refuse the new job).",
 )
 @click.option(
     "--advertise-ip",
@@ -194,6 +228,7 @@ def serve(
     max_jobs,
     max_pool_memory,
     idle_timeout,
+    evict_after,
     advertise_ip,
     log_level,
     metrics_port,
@@ -251,6 +286,7 @@ def serve(
         max_jobs=max_jobs,
         max_pool_memory=max_pool_memory,
         idle_timeout=idle_timeout,
+        evict_after=evict_after,
     )
 
     faults = FaultConfig(

@@ -67,9 +67,14 @@ class Context:
     """Blocking wrapper of :class:`AsyncContext` with a private event loop."""
 
     def __init__(self, options: Options) -> None:
-        self.options = options
         self._loop = _new_loop()
         self._actx = AsyncContext(options)
+
+    @property
+    def options(self) -> Options:
+        """The options in force (the packet size and window are filled in when
+        joining, if they were left to their defaults)."""
+        return self._actx.options
 
     def __enter__(self) -> Context:
         self.open()
@@ -96,11 +101,15 @@ class Context:
         return self._loop.run_until_complete(actx.allreduce(x, out))
 
     def close(self) -> None:
-        """Leave the job and free the socket and the loop."""
+        """Leave the job (telling the controller: the last worker to leave frees
+        it on the switch) and free the socket and the loop."""
         if self._loop.is_closed():
             return
-        self._actx.close()
-        self._loop.close()
+        try:
+            self._loop.run_until_complete(self._actx.aclose())
+        finally:
+            self._actx.close()
+            self._loop.close()
 
     @property
     def session_id(self) -> int | None:
@@ -141,19 +150,24 @@ def connect(
     join_timeout: float | None = None,
     bind: str | None = None,
     gso: bool | None = None,
+    release: bool | None = None,
 ) -> Context:
     """Join a SwitchML job (blocking API); use as a context manager.
 
     ``switch``/``control`` are ``HOST:PORT`` (defaults: the controller at
     127.0.0.1:50099, the data plane wherever the controller says). ``packet_size``
-    is a size code (default 3 = 256 values, Tofino-compatible; 6 is fastest on
-    the emulator), ``window`` the slots in flight (default: 512 KiB in flight,
-    at most 512 slots; 507 at code 3, 63 at code 6). ``timeout``,
+    is a size code (default: the emulator's fastest, 6, when the controller says
+    it is an emulator; 3 = 256 values on hardware), ``window`` the slots in
+    flight (default: 512 KiB in flight, at most 512 slots; 507 at code 3, 63 at
+    code 6). ``timeout``,
     ``backoff_after``, ``max_timeout``, ``no_progress`` and ``reorder_guard``
     set retransmission, failure detection and protection against reordering
     networks (see :class:`Timing`). ``gso=False`` turns off UDP segmentation
     offload (on by default where the kernel and the route allow it; the switch
     sees the same datagrams either way, and ``SWITCHML_GSO=0`` also turns it off).
+    ``release=False`` leaves the job on the switch when the context closes (to
+    read its counters afterwards with ``switchml-emu stats``; the emulator frees
+    it once idle, docs/lifetime.md); by default the last worker to close frees it.
     """
     return Context(_options(**_kwargs(locals())))
 
@@ -176,6 +190,7 @@ def aconnect(
     join_timeout: float | None = None,
     bind: str | None = None,
     gso: bool | None = None,
+    release: bool | None = None,
 ) -> AsyncContext:
     """The asyncio twin of :func:`connect`: ``async with hostlib.aconnect(...) as actx``."""
     return AsyncContext(_options(**_kwargs(locals())))
@@ -188,7 +203,8 @@ def _kwargs(local: dict[str, Any]) -> dict[str, Any]:
 def env_options(environ: dict[str, str] | None = None) -> dict[str, Any]:
     """Connection arguments from the environment ``switchml run`` sets:
     RANK, WORLD_SIZE (as torchrun), SWITCHML_SWITCH, SWITCHML_CONTROL,
-    SWITCHML_SESSION_ID, SWITCHML_PACKET_SIZE, SWITCHML_WINDOW, SWITCHML_NO_PROGRESS."""
+    SWITCHML_SESSION_ID, SWITCHML_PACKET_SIZE, SWITCHML_WINDOW, SWITCHML_NO_PROGRESS,
+    SWITCHML_RELEASE (0: leave the job on the switch when closing)."""
     env = os.environ if environ is None else environ
     if "RANK" not in env or "WORLD_SIZE" not in env:
         raise SwitchMLError(
@@ -211,6 +227,7 @@ def env_options(environ: dict[str, str] | None = None) -> dict[str, Any]:
         "no_progress": float(env[ENV_PREFIX + "NO_PROGRESS"])
         if env.get(ENV_PREFIX + "NO_PROGRESS")
         else None,
+        "release": env.get(ENV_PREFIX + "RELEASE", "1") != "0",
     }
 
 

@@ -10,6 +10,7 @@ and the no-progress check.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ipaddress
 import logging
 import os
@@ -56,7 +57,9 @@ class Options:
     control: str = f"127.0.0.1:{wire.DEFAULT_CONTROL_PORT}"
     rank: int = 0
     world_size: int = 1
-    packet_size: int = 3
+    # None: chosen when joining -- the emulator's fastest size code when the
+    # controller says it is one, else 3 (hardware); see ControlClient.default_packet_size
+    packet_size: int | None = None
     window: int | None = None  # default: default_window(packet_size)
     session_id: int | None = None
     timing: Timing = field(default_factory=Timing)
@@ -64,18 +67,26 @@ class Options:
     join_timeout: float = 120.0
     bind: str | None = None  # local IP to send from (None: the route to the switch)
     gso: bool = True  # UDP segmentation offload where the kernel and the route allow it
+    # tell the controller when leaving (Release; the last rank's frees the job). False
+    # leaves a finished job on the switch for inspection (stats) until it expires
+    release: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} must be in 0..{self.world_size - 1}")
         if not 1 <= self.world_size <= wire.MAX_WORKERS:
             raise ValueError(f"world_size must be in 1..{wire.MAX_WORKERS}")
-        if not 0 <= self.packet_size <= 7:
+        if self.packet_size is not None and not 0 <= self.packet_size <= 7:
             raise ValueError(f"packet_size must be a size code 0..7, got {self.packet_size}")
-        if self.window is None:
+        if self.window is None and self.packet_size is not None:
             object.__setattr__(self, "window", default_window(self.packet_size))
-        if not 1 <= self.window <= wire.MAX_SLOTS:
+        if self.window is not None and not 1 <= self.window <= wire.MAX_SLOTS:
             raise ValueError(f"window must be in 1..{wire.MAX_SLOTS}")
+
+    def with_packet_size(self, packet_size: int) -> Options:
+        """These options with the packet size chosen when it was left open (a
+        window left open too is then sized for it; a given one is kept)."""
+        return dataclasses.replace(self, packet_size=packet_size)
 
 
 class AsyncContext:
@@ -99,8 +110,10 @@ class AsyncContext:
         self._dests: list[tuple[str, int]] = []
         self._switch_ip = ""
         self._switch_ports: frozenset[int] = frozenset()
-        self._batch = np.zeros((BATCH, wire.packet_len(options.packet_size) + 1), np.uint8)
-        self._rows = [memoryview(self._batch[r]) for r in range(BATCH)]
+        self._local: tuple[int, int] = (0, 0)  # (ipv4, udp_port) registered: for Release
+        self._released = True  # nothing to release before joining
+        self._batch = np.zeros((BATCH, 1), np.uint8)  # sized once the packet size is known
+        self._rows: list[memoryview] = []
         self._lens = np.zeros(BATCH, np.int32)
         self._ok = np.zeros(BATCH, np.uint8)
         self.stale = 0  # datagrams that arrived between calls
@@ -114,7 +127,7 @@ class AsyncContext:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        self.close()
+        await self.aclose()
 
     async def open(self) -> None:
         """Open the socket and join the job (idempotent)."""
@@ -126,6 +139,11 @@ class AsyncContext:
         ctl = ControlClient(o.control, connect_timeout=o.connect_timeout)
         try:
             await ctl.connect()
+            if o.packet_size is None:  # the emulator's fastest, or 3 on hardware
+                size = await ctl.default_packet_size(o.connect_timeout)
+                self.options = o = o.with_packet_size(size)
+            self._batch = np.zeros((BATCH, wire.packet_len(o.packet_size) + 1), np.uint8)
+            self._rows = [memoryview(self._batch[r]) for r in range(BATCH)]
             switch_host, switch_port = (
                 parse_address(o.switch, wire.DEFAULT_UDP_PORT) if o.switch else ("", 0)
             )
@@ -167,6 +185,8 @@ class AsyncContext:
             await ctl.close()
         self._sock = sock
         self.membership = membership
+        self._local = (wire.ipv4_to_int(local_ip), sock.getsockname()[1])
+        self._released = False
         self._switch_ip = probe_host if switch_host else wire.int_to_ipv4(membership.switch_ipv4)
         if membership.data_ports:
             ports = list(membership.data_ports)
@@ -227,8 +247,40 @@ class AsyncContext:
             gro,
         )
 
-    def close(self) -> None:
-        """Leave: stop reading and close the socket (a running call fails)."""
+    async def aclose(self) -> None:
+        """Leave: close the socket (:meth:`close`) and tell the controller this
+        rank is done with the job (``Release``: the last rank's release frees it
+        on the switch). Never raises for the controller: a controller that is
+        gone or lacks the call leaves the job to its idle timeout."""
+        self.close(release=False)
+        await self._release()
+
+    async def _release(self) -> None:
+        if self._released or self.membership is None:
+            return
+        self._released = True
+        if not self.options.release:
+            return
+        o, m = self.options, self.membership
+        ctl = ControlClient(o.control)
+        try:
+            await ctl.release(
+                session_id=m.session_id,
+                rank=o.rank,
+                ipv4=self._local[0],
+                udp_port=self._local[1],
+                timeout=RELEASE_TIMEOUT,
+            )
+        except SwitchMLError as exc:
+            log.debug("release of session %d rank %d: %s", m.session_id, o.rank, exc)
+        finally:
+            await ctl.close()
+
+    def close(self, *, release: bool = True) -> None:
+        """Leave: stop reading and close the socket (a running call fails).
+
+        Inside a running event loop the ``Release`` is sent in the background
+        (``await aclose()`` waits for it); :class:`hostlib.Context` waits too."""
         if self._bsock is not None:
             if self._loop is not None and not self._loop.is_closed():
                 self._loop.remove_reader(self._bsock.fileno())
@@ -242,6 +294,11 @@ class AsyncContext:
         self._sock.close()
         self._sock = None
         self._finish(SwitchMLError("the SwitchML context was closed during an allreduce"))
+        loop = self._loop
+        if release and not self._released and loop is not None and loop.is_running():
+            task = loop.create_task(self._release())
+            _background.add(task)
+            task.add_done_callback(_background.discard)
 
     @property
     def switch_address(self) -> str:
@@ -439,6 +496,9 @@ class AsyncContext:
 
 
 _warm = False
+#: Seconds a closing worker waits for the controller to acknowledge its Release.
+RELEASE_TIMEOUT = 2.0
+_background: set[asyncio.Task] = set()  # release tasks of contexts closed in a running loop
 
 
 def _check_buffer(sock: socket.socket, o: Options) -> None:

@@ -12,6 +12,12 @@ controller alike:
 The ``session_id`` extension of Broadcast/Barrier scopes the rendezvous to the
 job when the id is known in advance (``switchml run`` sets it); a
 p4app-switchML controller ignores the field and keeps them global.
+
+Two extension calls frame a job (docs/lifetime.md): :meth:`ControlClient.switch_info`
+before joining (an emulator names its fastest packet size; a controller without
+the call is hardware, default size code 3) and :meth:`ControlClient.release` when
+a worker is done (the last rank's release frees the job; a controller without
+the call answers UNIMPLEMENTED, which is fine: its jobs live until replaced).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from swemu import wire
 from swemu.proto import switchml_pb2 as pb
 from swemu.proto import switchml_pb2_grpc as pb_grpc
 
@@ -38,6 +45,7 @@ class Membership:
     switch_mac: int
     data_ports: tuple[int, ...]
     broadcast_port: int = 0  # non-zero: results also come to 127.255.255.255:this port
+    emulator_size_code: int | None = None  # set by an emulator: its fastest size code
 
 
 def new_session_id() -> int:
@@ -75,9 +83,46 @@ class ControlClient:
                 raise ControlPlaneError(
                     f"{what} at {self.target} timed out: not every worker joined in time"
                 ) from None
+            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+                raise ControlPlaneError(
+                    f"{what} at {self.target} failed: the SwitchML controller went away "
+                    f"(it shut down or restarted; {exc.code().name}: {exc.details()})"
+                ) from None
             raise ControlPlaneError(
                 f"{what} refused by {self.target}: {exc.code().name}: {exc.details()}"
             ) from None
+
+    async def switch_info(self, timeout: float = 10.0) -> int | None:
+        """The size code the switch serves fastest if it is an emulator, else None
+        (hardware, or a controller that predates ``SwitchInfo``)."""
+        try:
+            resp = await self.session.SwitchInfo(pb.SwitchInfoRequest(), timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                return None
+            await self._call("SwitchInfo", _raise(exc))
+            raise  # unreachable: _call raised
+        return int(resp.emulator.packet_size) if resp.HasField("emulator") else None
+
+    async def default_packet_size(self, timeout: float = 10.0) -> int:
+        """The packet size a worker that did not choose one uses: the emulator's
+        fastest, on hardware size code 3 (MTU_1024)."""
+        code = await self.switch_info(timeout)
+        return int(wire.HARDWARE_DEFAULT_SIZE_CODE) if code is None else code
+
+    async def release(
+        self, *, session_id: int, rank: int, ipv4: int, udp_port: int, timeout: float = 5.0
+    ) -> pb.ReleaseResponse | None:
+        """Tell the controller this rank is done with its job; None if the
+        controller has no ``Release`` (its jobs stay until replaced)."""
+        req = pb.ReleaseRequest(session_id=session_id, rank=rank, ipv4=ipv4, udp_port=udp_port)
+        try:
+            return await self.session.Release(req, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                return None
+            await self._call(f"Release(rank {rank})", _raise(exc))
+            raise  # unreachable: _call raised
 
     async def join(
         self,
@@ -136,5 +181,15 @@ class ControlClient:
             ),
         )
         return Membership(
-            sid, resp.ipv4, resp.mac, tuple(resp.data_ports), int(resp.broadcast_port)
+            sid,
+            resp.ipv4,
+            resp.mac,
+            tuple(resp.data_ports),
+            int(resp.broadcast_port),
+            int(resp.emulator.packet_size) if resp.HasField("emulator") else None,
         )
+
+
+async def _raise(exc: BaseException):
+    """A coroutine that raises ``exc`` (to reuse :meth:`ControlClient._call`'s messages)."""
+    raise exc

@@ -1,5 +1,10 @@
 """gRPC control plane (PROTOCOL.md §5) on grpc.aio: Session.UdpSession, Sync.*.
 
+Besides p4app-switchML's calls, ``Session.Release`` (a rank is done with its
+job; the last rank's release frees it) and ``Session.SwitchInfo`` (what the
+switch is, before registering: an emulator says so and names its fastest
+packet size) -- see docs/lifetime.md.
+
 A thin adapter: every rule of registration lives in
 :class:`swemu.controller.SessionController`; this module turns requests into
 its calls and :class:`~swemu.controller.RegistrationError` into gRPC status
@@ -82,6 +87,49 @@ class SessionService(pb_grpc.SessionServicer):
         self.on_register = on_register
         self.commit = commit
 
+    def _emulator_info(self) -> pb.EmulatorInfo | None:
+        """UdpSessionResponse field 10: set only when the target is software."""
+        code = self.controller.target.limits.emulator_size_code
+        return None if code is None else pb.EmulatorInfo(packet_size=code)
+
+    async def SwitchInfo(
+        self, request: pb.SwitchInfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UdpSessionResponse:
+        """The switch's address (and, from an emulator, ``emulator``) without
+        registering: what a worker asks before joining to choose its packet size."""
+        switch = self.controller.switch
+        if switch is None:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "the controller has no switch address configured"
+            )
+        return pb.UdpSessionResponse(
+            mac=switch.mac,
+            ipv4=switch.ipv4,
+            data_ports=list(switch.data_ports),
+            emulator=self._emulator_info(),
+        )
+
+    async def Release(
+        self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReleaseResponse:
+        """A rank is done with its job; the job is freed once all its ranks are
+        (:meth:`SessionController.release_rank`). Unknown sessions are not an
+        error: the job may already have been freed some other way."""
+        ipv4 = request.ipv4 or _peer_ipv4(context)
+        try:
+            found, freed, remaining = self.controller.release_rank(
+                request.session_id, request.rank, ipv4, request.udp_port
+            )
+            if freed and self.commit is not None:
+                await self.commit()
+        except Exception as exc:  # the target failed (a BF Runtime error on hardware)
+            log.exception("Release(session=%d rank=%d) failed", request.session_id, request.rank)
+            await context.abort(grpc.StatusCode.INTERNAL, f"the switch refused a write: {exc}")
+            raise  # unreachable: abort raises
+        if freed:
+            log.info("session %d released by its workers", request.session_id)
+        return pb.ReleaseResponse(found=found, freed=freed, remaining=remaining)
+
     async def UdpSession(
         self, request: pb.UdpSessionRequest, context: grpc.aio.ServicerContext
     ) -> pb.UdpSessionResponse:
@@ -140,6 +188,7 @@ class SessionService(pb_grpc.SessionServicer):
             broadcast_port=(
                 self.controller.broadcast_port(session) if request.loopback_broadcast else 0
             ),
+            emulator=self._emulator_info(),
         )
 
 
@@ -159,6 +208,26 @@ class SyncService(pb_grpc.SyncServicer):
         self._barriers: dict[int, list[_Round]] = {}
         self._broadcasts: dict[int, list[_Round]] = {}
         self._barrier_seq = 0
+        self._closing: str | None = None  # set by cancel_all: the server is stopping
+
+    async def _wait(
+        self, rnd: _Round, who: object, context: grpc.aio.ServicerContext
+    ) -> int | None:
+        """Wait for a round to complete; a caller that goes away no longer counts,
+        and a server that stops answers UNAVAILABLE saying so."""
+        try:
+            return await asyncio.shield(rnd.done)
+        except asyncio.CancelledError:
+            if not rnd.done.done():
+                rnd.arrived.discard(who)
+            raise
+        except ConnectionAbortedError as exc:  # cancel_all: the server is shutting down
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+            raise  # unreachable: abort raises
+
+    async def _refuse_if_closing(self, context: grpc.aio.ServicerContext) -> None:
+        if self._closing is not None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, self._closing)
 
     @staticmethod
     def _join(rounds: list[_Round], needed: int, who: object) -> _Round:
@@ -175,6 +244,7 @@ class SyncService(pb_grpc.SyncServicer):
     async def Barrier(
         self, request: pb.BarrierRequest, context: grpc.aio.ServicerContext
     ) -> pb.BarrierResponse:
+        await self._refuse_if_closing(context)
         if request.num_workers == 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "num_workers must be positive")
         rounds = self._barriers.setdefault(request.session_id, [])
@@ -184,17 +254,13 @@ class SyncService(pb_grpc.SyncServicer):
         if len(rnd.arrived) >= rnd.needed:
             rounds.remove(rnd)
             rnd.done.set_result(None)
-        try:
-            await asyncio.shield(rnd.done)
-        except asyncio.CancelledError:
-            if not rnd.done.done():
-                rnd.arrived.discard(me)  # a caller that went away no longer counts
-            raise
+        await self._wait(rnd, me, context)
         return pb.BarrierResponse()
 
     async def Broadcast(
         self, request: pb.BroadcastRequest, context: grpc.aio.ServicerContext
     ) -> pb.BroadcastResponse:
+        await self._refuse_if_closing(context)
         if request.num_workers == 0 or request.rank >= request.num_workers:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -211,16 +277,14 @@ class SyncService(pb_grpc.SyncServicer):
             rnd.done.set_result(request.value)
         if len(rnd.arrived) >= rnd.needed and rnd in rounds:
             rounds.remove(rnd)  # everyone has arrived: the next call starts a new round
-        try:
-            value = await asyncio.shield(rnd.done)
-        except asyncio.CancelledError:
-            if not rnd.done.done():
-                rnd.arrived.discard(request.rank)
-            raise
+        value = await self._wait(rnd, request.rank, context)
         return pb.BroadcastResponse(value=value)
 
     def cancel_all(self, why: str) -> None:
-        """Fail every waiting call (server shutdown)."""
+        """Fail every waiting call, and every later one, with UNAVAILABLE saying
+        ``why`` (server shutdown: the callers learn it at once, not at the end
+        of the gRPC server's grace period)."""
+        self._closing = why
         for table in (self._barriers, self._broadcasts):
             for rounds in table.values():
                 for rnd in rounds:

@@ -24,7 +24,10 @@ room, and reports what it holds. :class:`SessionController` holds every rule of
 §5 -- validation, rank 0 replacing the session and fixing its parameters, other
 ranks agreeing with it, a rank registering again replacing its address, an
 address belonging to one worker of one job -- and drives any target with the
-same calls. Two targets exist:
+same calls -- and the job lifetime rules (docs/lifetime.md): a job is freed
+when every one of its ranks released it (:meth:`SessionController.release_rank`,
+the ``Release`` RPC), and a rank 0 registration that finds the switch full may
+evict the jobs idle longest (:attr:`TargetLimits.evict_after`). Two targets exist:
 
 * :class:`EmulatorTarget` (below), over a :class:`swemu.engine.SwitchEngine`;
 * ``p4.controller.TofinoTarget``, over BF Runtime and the mirror P4 program.
@@ -127,12 +130,21 @@ class WorkerAddress:
 
 @dataclass(frozen=True)
 class TargetLimits:
-    """What a target can hold per job; requests beyond are INVALID_ARGUMENT."""
+    """What a target can hold per job; requests beyond are INVALID_ARGUMENT.
+
+    ``emulator_size_code`` is set by software switches only: the size code they
+    serve fastest, which UdpSession's reply announces (``EmulatorInfo``) so that
+    the host library uses it by default. ``evict_after``: a rank 0 registration
+    that finds no room may evict jobs idle at least this long (None: never; a
+    target must also offer ``last_active`` and ``room_after``).
+    """
 
     max_workers: int
     max_pool_size: int
     default_pool_size: int  # what a request with pool_size 0 gets
     size_codes: frozenset[int]
+    emulator_size_code: int | None = None
+    evict_after: float | None = None
 
 
 @dataclass
@@ -142,6 +154,7 @@ class Session:
     params: JobParams
     handle: Any  # the target's job (an engine Job, a Tofino job entry, ...)
     workers: dict[int, WorkerAddress] = field(default_factory=dict)  # rank -> address
+    released_ranks: set[int] = field(default_factory=set)  # ranks done with the job
 
     @property
     def session_id(self) -> int:
@@ -195,6 +208,12 @@ class Target(Protocol):
 
     def read_state(self) -> dict[str, Any]:
         """The tables as :func:`table_state` builds them (tests, inspection)."""
+
+    # Optional, for eviction (limits.evict_after); a target without them never evicts:
+    #   last_active(handle) -> float | None: the controller's clock at the job's last
+    #       packet or registration (None: unknown);
+    #   room_after(job, freeing: list[handle]) -> RegistrationError | None: room_for_job
+    #       once every job in ``freeing`` is gone.
 
 
 # ----------------------------------------------------------------------------- state
@@ -354,10 +373,11 @@ class SessionController:
         )
         worker = WorkerAddress(ipv4, udp_port, mac, bool(loopback_broadcast))
         session = self.sessions.get(session_id)
+        evict: list[Session] = []
         if rank == 0:
             refusal = self.target.room_for_job(params, session.handle if session else None)
             if refusal is not None:
-                raise refusal
+                evict = self._eviction(params, session, refusal, now)
         elif session is None:
             raise RegistrationError(
                 bad, f"session {session_id} has no rank 0 registration; rank 0 registers first"
@@ -376,12 +396,21 @@ class SessionController:
             raise refusal
 
         # every check passed: write
+        for victim in evict:
+            log.info(
+                "session %d evicted (idle %.1f s) to make room for session %d",
+                victim.session_id,
+                now - (self._last_active(victim) or now),
+                session_id,
+            )
+            self._delete(victim, "evicted")
         if rank == 0:
             if session is not None:
                 self._delete(session, "replaced")
             session = Session(params, self.target.create_job(params, now=now))
             self.sessions[session_id] = session
         assert session is not None
+        session.released_ranks.discard(rank)  # registering again: not done any more
         self._place(session, rank, worker, now)
         return session
 
@@ -397,6 +426,31 @@ class SessionController:
             return False
         self._delete(session, "explicit")
         return True
+
+    def release_rank(
+        self, session_id: int, rank: int, ipv4: int, udp_port: int = 0
+    ) -> tuple[bool, bool, int]:
+        """Rank ``rank`` (registered at ``ipv4:udp_port``) is done with its job
+        (the ``Release`` RPC); return ``(found, freed, remaining)``.
+
+        The job is freed once every one of its ranks released it, not at rank 0's
+        release: a worker that lost a result may still be retransmitting, and the
+        switch answers it from the shadow copy only while the job exists. A
+        release from an address the session does not hold for ``rank`` (a worker
+        of a session since replaced, expired or evicted) changes nothing.
+        """
+        session = self.sessions.get(session_id)
+        if session is None:
+            return False, False, 0
+        worker = session.workers.get(rank)
+        if worker is None or (worker.ipv4, worker.udp_port) != (ipv4, udp_port):
+            return False, False, session.params.num_workers - len(session.released_ranks)
+        session.released_ranks.add(rank)
+        remaining = session.params.num_workers - len(session.released_ranks)
+        if remaining > 0:
+            return True, False, remaining
+        self._delete(session, "explicit")
+        return True, True, 0
 
     def owner_of(self, ipv4: int, udp_port: int) -> tuple[int, int] | None:
         """``(session_id, rank)`` registered at exactly this address, or None."""
@@ -434,6 +488,45 @@ class SessionController:
         self._forget(session)
         self.target.delete_job(session.handle, why=why)
 
+    def _last_active(self, session: Session) -> float | None:
+        last_active = getattr(self.target, "last_active", None)
+        return None if last_active is None else last_active(session.handle)
+
+    def _eviction(
+        self, job: JobParams, session: Session | None, refusal: RegistrationError, now: float
+    ) -> list[Session]:
+        """The sessions to evict, idle longest first, so that ``job`` fits (the
+        fewest that do); raise ``refusal`` if no such set exists. Only jobs idle
+        for ``evict_after`` seconds are candidates, never the session being
+        replaced; nothing is written here."""
+        limit = self.target.limits.evict_after
+        room_after = getattr(self.target, "room_after", None)
+        if (
+            refusal.code != RESOURCE_EXHAUSTED
+            or limit is None
+            or room_after is None
+            or not hasattr(self.target, "last_active")
+        ):
+            raise refusal
+        idle: list[tuple[float, Session]] = []
+        for other in self.sessions.values():
+            last = self._last_active(other)
+            if other is not session and last is not None and now - last >= limit:
+                idle.append((last, other))
+        idle.sort(key=lambda pair: pair[0])
+        freeing = [session.handle] if session is not None else []
+        chosen: list[Session] = []
+        for _, other in idle:
+            chosen.append(other)
+            if room_after(job, freeing + [c.handle for c in chosen]) is None:
+                return chosen
+        raise RegistrationError(
+            refusal.code,
+            f"{refusal.message}, and no job can be evicted for it: "
+            f"{len(idle)} of {len(self.sessions)} jobs have been idle for {limit:g} s "
+            "(--evict-after)",
+        )
+
     def _released(self, handle: Any) -> None:
         """The target freed a job by itself (idle timeout): forget the session."""
         for session in list(self.sessions.values()):
@@ -444,24 +537,35 @@ class SessionController:
 # ----------------------------------------------------------------------------- emulator
 def emulator_limits(cfg: EngineConfig) -> TargetLimits:
     """What the emulator accepts (one process or sharded: the same limits)."""
+    from .wire import EMULATOR_SIZE_CODE
+
     return TargetLimits(
         max_workers=cfg.max_workers,
         max_pool_size=cfg.pool_size,
         default_pool_size=cfg.pool_size,
         size_codes=frozenset(SIZE_CODES),
+        emulator_size_code=EMULATOR_SIZE_CODE,
+        evict_after=cfg.evict_after,
     )
 
 
 def emulator_room(
-    job: JobParams, replacing: Any | None, cfg: EngineConfig, in_use: int, free_entries: int
+    job: JobParams,
+    freeing: Any | list[Any] | None,
+    cfg: EngineConfig,
+    in_use: int,
+    free_entries: int,
 ) -> RegistrationError | None:
     """The emulator's admission rule: the pool must fit ``--max-pool-memory`` next
-    to the ``in_use`` bytes of the other jobs (a job being replaced gives its
-    memory and its entry back), and a job entry must be free."""
+    to the ``in_use`` bytes of the other jobs (jobs being replaced or evicted,
+    ``freeing`` -- one handle, a list, or None -- give their memory and their
+    entries back), and a job entry must be free."""
     from .engine import pool_bytes
 
+    if not isinstance(freeing, list):
+        freeing = [] if freeing is None else [freeing]
     need = pool_bytes(job.pool_size, job.size_code)
-    in_use -= replacing.memory if replacing is not None else 0
+    in_use -= sum(handle.memory for handle in freeing)
     if in_use + need > cfg.max_pool_memory:
         return RegistrationError(
             RESOURCE_EXHAUSTED,
@@ -469,7 +573,7 @@ def emulator_room(
             f"bytes; {in_use} of the switch's {cfg.max_pool_memory} bytes are in use "
             f"(--max-pool-memory)",
         )
-    if free_entries + (replacing is not None) == 0:
+    if free_entries + len(freeing) == 0:
         return RegistrationError(
             RESOURCE_EXHAUSTED, f"all {cfg.max_jobs} job entries of the switch are in use"
         )
@@ -493,8 +597,16 @@ class EmulatorTarget:
         self.engine.switch_address = address
 
     def room_for_job(self, job: JobParams, replacing: Job | None) -> RegistrationError | None:
+        return self.room_after(job, [] if replacing is None else [replacing])
+
+    def room_after(self, job: JobParams, freeing: list[Job]) -> RegistrationError | None:
         eng = self.engine
-        return emulator_room(job, replacing, eng.config, eng.memory_in_use, eng.free_job_entries)
+        return emulator_room(job, freeing, eng.config, eng.memory_in_use, eng.free_job_entries)
+
+    def last_active(self, handle: Job) -> float:
+        """The engine's clock (the server's loop time) at the job's last packet or
+        registration."""
+        return float(self.engine.job_last_seen[handle.index])
 
     def check_worker(self, worker: WorkerAddress) -> RegistrationError | None:
         return None  # the emulator answers any address the socket can reach

@@ -95,6 +95,8 @@ JOB_COUNTER_NAMES = (
 )
 WORKER_COUNTER_NAMES = ("pkts_in", "retransmissions", "last", "drops")
 GLOBAL_COUNTER_NAMES = ("pkts_in", "drop_unknown_source")
+#: Why jobs are freed (``released`` of a snapshot; docs/lifetime.md).
+RELEASE_REASONS = ("replaced", "idle", "explicit", "evicted")
 FAULT_COUNTER_NAMES = ("loss_in", "loss_out", "duplicated", "delayed", "queue_drops")
 assert len(FAULT_COUNTER_NAMES) == K.N_FAULT_COUNTERS
 assert len(JOB_COUNTER_NAMES) == K.N_JOB_COUNTERS
@@ -102,15 +104,28 @@ assert len(WORKER_COUNTER_NAMES) == K.N_WORKER_COUNTERS
 assert len(GLOBAL_COUNTER_NAMES) == K.N_GLOBAL_COUNTERS
 
 
+#: ``switchml-emu serve``'s defaults for a long-lived emulator (docs/lifetime.md):
+#: a job nobody released is freed after this many seconds without packets ...
+DEFAULT_IDLE_TIMEOUT = 600.0
+#: ... and, when the switch is full, a new job may evict one idle this long.
+DEFAULT_EVICT_AFTER = 1.0
+
+
 @dataclass(frozen=True)
 class EngineConfig:
-    """Limits of the switch; defaults follow PROTOCOL.md §6."""
+    """Limits of the switch; defaults follow PROTOCOL.md §6.
+
+    An engine made in code keeps its jobs until they are released (idle_timeout
+    and evict_after None); ``switchml-emu serve`` passes DEFAULT_IDLE_TIMEOUT and
+    DEFAULT_EVICT_AFTER unless told otherwise.
+    """
 
     pool_size: int = MAX_SLOTS  # the most slots one job may take (also the default)
     max_workers: int = MAX_WORKERS
     max_jobs: int = 256
     max_pool_memory: int = 1 << 30  # bytes of pool state over all jobs
     idle_timeout: float | None = None  # seconds without packets before a job is freed
+    evict_after: float | None = None  # a full switch may evict jobs idle this long
 
     def __post_init__(self) -> None:
         if not 1 <= self.pool_size <= MAX_SLOTS:
@@ -123,6 +138,8 @@ class EngineConfig:
             raise ValueError("max pool memory must not be negative")
         if self.idle_timeout is not None and self.idle_timeout <= 0:
             raise ValueError("idle timeout must be positive (or None to disable)")
+        if self.evict_after is not None and self.evict_after < 0:
+            raise ValueError("evict-after must not be negative (or None to disable)")
 
 
 def pool_bytes(pool_size: int, size_code: int) -> int:
@@ -283,7 +300,9 @@ class SwitchEngine:
         self.jobs: dict[int, Job] = {}  # session_id -> Job
         self._by_index: dict[int, Job] = {}
         self._free = list(range(mj - 1, -1, -1))
-        self.released: dict[str, int] = {"replaced": 0, "idle": 0, "explicit": 0}
+        # freed jobs by reason: replaced (rank 0 registered again), idle (expired),
+        # explicit (released by all its workers), evicted (to make room)
+        self.released: dict[str, int] = dict.fromkeys(RELEASE_REASONS, 0)
         # control-plane state the kernel does not read (swemu.controller's model)
         self.switch_address: SwitchAddress | None = None
         self.release_hooks: list[Callable[[Job], None]] = []  # called as a job is freed

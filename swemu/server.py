@@ -332,6 +332,7 @@ class Emulator:
             "max_jobs": cfg.max_jobs,
             "max_pool_memory": cfg.max_pool_memory,
             "idle_timeout": cfg.idle_timeout,
+            "evict_after": cfg.evict_after,
         }
         if self.capture is not None:
             snap["capture"] = self.capture.counters
@@ -378,7 +379,7 @@ class Emulator:
         if self._data is not None:
             self._data.stop()
             self._data.tap = None
-        self.sync_service.cancel_all("emulator shutting down")
+        self.sync_service.cancel_all("the emulator is shutting down")
         await self._close_listeners()
         if self.capture is not None:
             c = self.capture.counters

@@ -419,7 +419,12 @@ class ShardedTarget:
         self.links = links
         self.jobs: dict[int, ShardedJob] = {}
         self._free = list(range(config.max_jobs - 1, -1, -1))
-        self.released: dict[str, int] = {"replaced": 0, "idle": 0, "explicit": 0}
+        from .engine import RELEASE_REASONS
+
+        self.released: dict[str, int] = dict.fromkeys(RELEASE_REASONS, 0)
+        # the controller's clock at each job's last known activity: registrations
+        # here, packets as the idle poll (_idle_loop) learns them from the shards
+        self.active: dict[int, float] = {}
         self.switch_address: SwitchAddress | None = None
         self.drops = DropSimulation()
         self._hooks: list[Callable[[Any], None]] = []
@@ -458,7 +463,15 @@ class ShardedTarget:
     def room_for_job(
         self, job: JobParams, replacing: ShardedJob | None
     ) -> RegistrationError | None:
-        return emulator_room(job, replacing, self.config, self.memory_in_use, len(self._free))
+        return self.room_after(job, [] if replacing is None else [replacing])
+
+    def room_after(self, job: JobParams, freeing: list[ShardedJob]) -> RegistrationError | None:
+        return emulator_room(job, freeing, self.config, self.memory_in_use, len(self._free))
+
+    def last_active(self, handle: ShardedJob) -> float | None:
+        """The last activity the main process knows of (at most one idle-poll
+        period old: eviction may see a job a little idler than it is)."""
+        return self.active.get(handle.session_id)
 
     def check_worker(self, worker: WorkerAddress) -> RegistrationError | None:
         return None  # the emulator answers any address the sockets can reach
@@ -466,6 +479,7 @@ class ShardedTarget:
     def create_job(self, job: JobParams, *, now: float) -> ShardedJob:
         handle = ShardedJob(job.session_id, self._free.pop(), job)
         self.jobs[job.session_id] = handle
+        self.active[job.session_id] = now
         self._send("create_job", job.session_id, job.num_workers, job.size_code, job.pool_size)
         return handle
 
@@ -473,6 +487,7 @@ class ShardedTarget:
         if self.jobs.get(handle.session_id) is not handle:
             return
         del self.jobs[handle.session_id]
+        self.active.pop(handle.session_id, None)
         self._free.append(handle.index)
         self.released[why] += 1
         self._send("delete_job", handle.session_id, why)
@@ -481,6 +496,7 @@ class ShardedTarget:
         self, handle: ShardedJob, rank: int, worker: WorkerAddress, *, now: float
     ) -> None:
         handle.workers[rank] = worker
+        self.active[handle.session_id] = now
         self._send("set_worker", handle.session_id, rank, worker.ipv4, worker.udp_port, worker.mac)
 
     def remove_worker(self, handle: ShardedJob, rank: int) -> None:
@@ -713,8 +729,10 @@ class ShardedEmulator:
         except BaseException:
             await self._shutdown()
             raise
-        if self.config.idle_timeout is not None:
-            self._idle_task = asyncio.ensure_future(self._idle_loop(self.config.idle_timeout))
+        if self.config.idle_timeout is not None or self.config.evict_after is not None:
+            self._idle_task = asyncio.ensure_future(
+                self._idle_loop(self.config.idle_timeout, self.config.evict_after)
+            )
         self._serving = True
         for link in self.links:
             if link.closed:  # died between its ready message and now
@@ -783,7 +801,7 @@ class ShardedEmulator:
         if self._idle_task is not None:
             self._idle_task.cancel()
             await asyncio.gather(self._idle_task, return_exceptions=True)
-        self.sync_service.cancel_all("emulator shutting down")
+        self.sync_service.cancel_all("the emulator is shutting down")
         if self.metrics is not None:
             await self.metrics.stop()
         if self._grpc is not None:
@@ -843,6 +861,7 @@ class ShardedEmulator:
             "max_jobs": cfg.max_jobs,
             "max_pool_memory": cfg.max_pool_memory,
             "idle_timeout": cfg.idle_timeout,
+            "evict_after": cfg.evict_after,
         }
         return snap
 
@@ -872,10 +891,12 @@ class ShardedEmulator:
                 raise ShardError(str(answer))
         return msg
 
-    async def _idle_loop(self, timeout: float) -> None:
-        """Release jobs every shard has been idle on for ``timeout`` seconds."""
-        assert self.target is not None and self.controller is not None
-        period = min(max(timeout / 4, 0.05), 1.0)
+    async def _idle_loop(self, timeout: float | None, evict_after: float | None) -> None:
+        """Learn when each job was last active on any shard (for eviction) and
+        release jobs every shard has been idle on for ``timeout`` seconds."""
+        assert self.target is not None and self.controller is not None and self._loop
+        limits = [t for t in (timeout, evict_after) if t]
+        period = min(max(min(limits, default=1.0) / 4, 0.05), 1.0)
         while True:
             await asyncio.sleep(period)
             if not self.target.jobs:
@@ -883,9 +904,14 @@ class ShardedEmulator:
             answers = await self._ask_all("idle")
             if any(isinstance(a, BaseException) for a in answers):
                 continue  # a shard is gone or slow: decide next time
+            now = self._loop.time()
             for sid in list(self.target.jobs):
                 idle = [a[sid] for a in answers if sid in a]
-                if len(idle) == len(answers) and min(idle) >= timeout:
+                if len(idle) < len(answers):
+                    continue  # created since the shards answered
+                active = self.target.active
+                active[sid] = max(active.get(sid, 0.0), now - min(idle))
+                if timeout is not None and min(idle) >= timeout:
                     self.target.release_idle(sid)
                     log.info("session %d released after %.0f s idle", sid, timeout)
             with contextlib.suppress(ShardError):

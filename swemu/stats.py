@@ -35,7 +35,14 @@ FaultHandler = Callable[[pb.FaultConfig], "pb.FaultConfig | Awaitable[pb.FaultCo
 _WORKER_FIELDS = ("rank", "ip", "udp_port")
 #: Keys of a job's entry in a snapshot that map one-to-one to ``JobStats`` scalars.
 _JOB_SCALARS = ("session_id", "index", "num_workers", "size_code", "pool_size", "memory_bytes")
-_LIMITS = ("pool_size", "max_workers", "max_jobs", "max_pool_memory", "idle_timeout")
+_LIMITS = (
+    "pool_size",
+    "max_workers",
+    "max_jobs",
+    "max_pool_memory",
+    "idle_timeout",
+    "evict_after",
+)
 _FAULT_FIELDS = (
     "session_id",
     "loss_in",
@@ -86,7 +93,10 @@ def snapshot_to_proto(snap: Snapshot) -> pb.Stats:
     )
     limits = snap.get("limits")
     if limits:
-        msg.limits.CopyFrom(pb.Limits(**{k: (limits.get(k) or 0) for k in _LIMITS if k in limits}))
+        fields = {k: (limits.get(k) or 0) for k in _LIMITS if k in limits}
+        if limits.get("evict_after") is None:  # unset on the wire: never
+            fields.pop("evict_after", None)
+        msg.limits.CopyFrom(pb.Limits(**fields))
     for fc in snap.get("fault_configs") or ():
         msg.fault_configs.append(fault_config_from_dict(fc))
     for job in snap["jobs"]:
@@ -157,6 +167,7 @@ def proto_to_snapshot(msg: pb.Stats) -> Snapshot:
     if msg.HasField("limits"):
         lim = {k: getattr(msg.limits, k) for k in _LIMITS}
         lim["idle_timeout"] = lim["idle_timeout"] or None
+        lim["evict_after"] = lim["evict_after"] if msg.limits.HasField("evict_after") else None
         snap["limits"] = lim
     if msg.faults:
         snap["faults"] = dict(msg.faults)

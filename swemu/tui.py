@@ -47,6 +47,28 @@ DROP_REASONS = (
 RARE_DROP_REASONS = (("drop_wrong_shard", "wrong shard"),)
 
 
+#: Why jobs were freed (a snapshot's ``released``), as the view names them.
+FREED_REASONS = (
+    ("explicit", "released"),  # every worker closed its context
+    ("idle", "expired"),  # idle timeout
+    ("evicted", "evicted"),  # idle, and a new job needed the room
+    ("replaced", "replaced"),  # rank 0 registered the session again
+)
+
+
+def freed_text(released: dict[str, int]) -> Text:
+    """``freed N (released a, expired b, …)``: jobs no longer on the switch, by
+    reason (only the reasons that happened)."""
+    total = sum(int(v) for v in released.values())
+    t = _pairs(("freed", fmt_count(total)))
+    parts = [(label, int(released.get(k, 0))) for k, label in FREED_REASONS]
+    parts += [(k, int(v)) for k, v in released.items() if k not in dict(FREED_REASONS)]
+    shown = [f"{label} {fmt_count(n)}" for label, n in parts if n]
+    if shown:
+        t.append(" (" + ", ".join(shown) + ")", style="dim")
+    return t
+
+
 def _drop_reasons(counts: dict[str, int]) -> tuple[tuple[str, str], ...]:
     """The drop reasons to show for these counters (the rare ones when non-zero)."""
     return DROP_REASONS + tuple((k, label) for k, label in RARE_DROP_REASONS if counts.get(k))
@@ -259,13 +281,17 @@ def _header(snap: Snapshot, rates: dict[str, float] | None, history: History | N
     for j in jobs:
         for k in totals:
             totals[k] += j["counters"].get(k, 0)
-    line2 = _pairs(
-        ("jobs", f"{len(jobs)}/{max_jobs}" if max_jobs else str(len(jobs))),
-        (
-            "pool memory",
-            f"{fmt_bytes(snap['memory_in_use'])} / {fmt_bytes(snap['max_pool_memory'])}",
-        ),
-        ("switch pkts in", fmt_count(glob.get("pkts_in", 0))),
+    line2 = _pairs(("jobs", f"{len(jobs)}/{max_jobs}" if max_jobs else str(len(jobs))))
+    if "released" in snap:
+        line2.append("   ").append_text(freed_text(snap["released"]))
+    line2.append("   ").append_text(
+        _pairs(
+            (
+                "pool memory",
+                f"{fmt_bytes(snap['memory_in_use'])} / {fmt_bytes(snap['max_pool_memory'])}",
+            ),
+            ("switch pkts in", fmt_count(glob.get("pkts_in", 0))),
+        )
     )
     drops = Text("drops: ").append_text(
         _pairs(
@@ -428,9 +454,17 @@ def render_stats(snapshot: Snapshot) -> RenderableType:
         )
     rel = snapshot.get("released") or {}
     if rel:
+        lim = snapshot.get("limits") or {}
+        rules = []
+        if "idle_timeout" in lim:
+            idle = lim["idle_timeout"]
+            rules.append(f"idle timeout {'never' if idle is None else f'{idle:g} s'}")
+        if "evict_after" in lim:
+            ev = lim["evict_after"]
+            rules.append(f"evict after {'never' if ev is None else f'{ev:g} s idle'}")
         extra.append(
-            Text("jobs released: ").append_text(
-                _pairs(*((k, fmt_count(v)) for k, v in sorted(rel.items())))
-            )
+            Text("jobs freed: ")
+            .append_text(_pairs(*((label, fmt_count(rel.get(k, 0))) for k, label in FREED_REASONS)))
+            .append("   " + ", ".join(rules) if rules else "", style="dim")
         )
     return Group(render(snapshot, None, max_jobs=None), *extra)

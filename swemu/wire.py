@@ -57,6 +57,11 @@ class SizeCode(IntEnum):
 
 
 HARDWARE_SIZE_CODES = frozenset({SizeCode.B256, SizeCode.B1024})
+#: The size code the emulator serves fastest (fewest packets per byte that still
+#: fit a jumbo frame): the host library's default against an emulator, which
+#: says so in its UdpSession reply; against hardware the default is B1024.
+EMULATOR_SIZE_CODE = SizeCode.B8192
+HARDWARE_DEFAULT_SIZE_CODE = SizeCode.B1024
 MAX_VALUES = 32 << 7
 MAX_PACKET_LEN = HEADER_LEN + 4 * MAX_VALUES
 

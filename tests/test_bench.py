@@ -91,3 +91,15 @@ def test_decode_benchmark_smoke(tmp_path):
     assert by["first rows (| head)"]["result"] == 11
     assert all(r["mb_per_s"] > 0 for r in data["results"])
     assert "| decode |" in markdown(data)
+
+
+def test_soak_benchmark_smoke():
+    """Consecutive jobs against one emulator with its default options: every job
+    is freed by its workers, and the table has every RSS sample."""
+    from bench.soak import markdown, run
+
+    data = run(jobs=4, workers=2, size=4096, every=2, log=lambda m: None)
+    assert [s["jobs"] for s in data["rss"]] == [0, 2, 4]
+    assert all(s["rss"] > 0 for s in data["rss"])
+    assert data["live_jobs_at_end"] == 0 and data["released"]["explicit"] == 4
+    assert "| 4 |" in markdown(data)

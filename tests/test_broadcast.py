@@ -54,6 +54,7 @@ def _run_job(emu, session_id: int, inputs: list[np.ndarray], out: dict) -> None:
 
     def rank_main(rank: int) -> None:
         opts = dict(rank=rank, world_size=len(inputs), packet_size=3, session_id=session_id)
+        opts["release"] = False  # the test reads the job's counters afterwards
         with hostlib.connect(emu.switch, emu.control, **opts) as c:
             assert c._actx._bsock is not None  # offered and taken
             got[rank] = [c.allreduce(inputs[rank]), c.allreduce(inputs[rank] * 3)]
@@ -122,7 +123,7 @@ def test_a_worker_that_does_not_ask_keeps_its_job_on_unicast(emulator, monkeypat
     got: list = [None, None]
 
     def rank_main(rank: int) -> None:
-        opts = dict(rank=rank, world_size=2, packet_size=3, session_id=73)
+        opts = dict(rank=rank, world_size=2, packet_size=3, session_id=73, release=False)
         with hostlib.connect(emulator.switch, emulator.control, **opts) as c:
             got[rank] = (c.allreduce(x[rank]), c._actx._bsock is not None)
 

@@ -23,8 +23,8 @@ async def allreduce_all(emu, xs, **kw):
     switch, control = "%s:%d" % emu.data_address, "%s:%d" % emu.control_address
 
     async def one(rank):
-        async with hostlib.aconnect(
-            switch, control, rank=rank, world_size=len(xs), no_progress=8.0, **kw
+        async with hostlib.aconnect(  # release=False: the tests read the job's counters after
+            switch, control, rank=rank, world_size=len(xs), no_progress=8.0, release=False, **kw
         ) as a:
             return await a.allreduce(xs[rank])
 
@@ -112,8 +112,9 @@ async def test_link_rate_limits_what_the_switch_sends():
 async def test_faults_for_one_job_do_not_touch_another():
     async with swemu.serve() as emu:
         switch, control = "%s:%d" % emu.data_address, "%s:%d" % emu.control_address
-        a = hostlib.aconnect(switch, control, rank=0, world_size=1, session_id=111)
-        b = hostlib.aconnect(switch, control, rank=0, world_size=1, session_id=222)
+        opts = dict(rank=0, world_size=1, packet_size=3)  # 256 values: see "aggregated"
+        a = hostlib.aconnect(switch, control, session_id=111, **opts)
+        b = hostlib.aconnect(switch, control, session_id=222, **opts)
         async with a, b:
             faults.configure(
                 emu.engine, emu.data_plane, FaultConfig(loss_in=0.3), session_id=111, seed=1

@@ -105,7 +105,14 @@ async def test_view_shows_the_counters_of_a_real_run(peers):
 
         async def worker(rank: int) -> None:
             async with hostlib.aconnect(
-                switch, control, rank=rank, world_size=W, packet_size=1, window=8, no_progress=60
+                switch,
+                control,
+                rank=rank,
+                world_size=W,
+                packet_size=1,
+                window=8,
+                no_progress=60,
+                release=False,  # the view is drawn from the job's counters after the run
             ) as ctx:
                 for call in range(3):
                     y = await ctx.allreduce(np.full(3000, rank + call, np.int32))
@@ -306,6 +313,7 @@ def test_serve_tui_and_top_show_a_running_emulator(tmp_path: Path):
             world_size=1,
             packet_size=0,
             no_progress=60,  # a first run compiles the worker's kernels inside the call
+            release=False,  # top shows the job after the worker left
         ) as ctx:
             ctx.allreduce(np.arange(100, dtype=np.int32))
             sid = ctx.session_id

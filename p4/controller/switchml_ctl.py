@@ -225,6 +225,7 @@ class Controller:
         self.data_port = 0
         self._sock: Any = None
         self._data: Any = None
+        self._sync: Any = None
 
     def _tofino(self, bfrt: RecordingBfrt | None) -> TofinoTarget:
         a = self.args
@@ -272,8 +273,9 @@ class Controller:
         self.controller.set_switch_address(switch_ip, a.switch_mac, data_ports)
         self.controller.set_drop_simulation(a.ingress_drop, a.egress_drop)
         session = SessionService(self.controller, clock=time.monotonic)
+        self._sync = SyncService()
         self.grpc, self.control_port = await start_control_server(
-            a.control_host, a.control_port, (session, SyncService())
+            a.control_host, a.control_port, (session, self._sync)
         )
         log.info(
             "serving the SwitchML gRPC API on %s:%d for switch %s (%s target)",
@@ -284,6 +286,8 @@ class Controller:
         )
 
     async def stop(self) -> None:
+        if self._sync is not None:  # waiting Barrier/Broadcast callers hear why at once
+            self._sync.cancel_all("the SwitchML controller is shutting down")
         if self._data is not None:
             self._data.stop()
         if self.grpc is not None:

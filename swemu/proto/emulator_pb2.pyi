@@ -1,10 +1,8 @@
-from collections.abc import Iterable as _Iterable
-from collections.abc import Mapping as _Mapping
-from typing import ClassVar as _ClassVar
-
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from google.protobuf.internal import containers as _containers
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -13,14 +11,14 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("counters", "ip", "rank", "registered", "udp_port")
+    __slots__ = ("rank", "registered", "ip", "udp_port", "counters")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: int
-        def __init__(self, key: str | None = ..., value: int | None = ...) -> None: ...
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
 
     RANK_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
@@ -34,27 +32,27 @@ class WorkerStats(_message.Message):
     counters: _containers.ScalarMap[str, int]
     def __init__(
         self,
-        rank: int | None = ...,
-        registered: bool | None = ...,
-        ip: str | None = ...,
-        udp_port: int | None = ...,
-        counters: _Mapping[str, int] | None = ...,
+        rank: _Optional[int] = ...,
+        registered: _Optional[bool] = ...,
+        ip: _Optional[str] = ...,
+        udp_port: _Optional[int] = ...,
+        counters: _Optional[_Mapping[str, int]] = ...,
     ) -> None: ...
 
 class JobStats(_message.Message):
     __slots__ = (
-        "counters",
-        "faults",
-        "index",
-        "last_seen",
-        "memory_bytes",
-        "num_workers",
-        "pool_size",
         "session_id",
+        "index",
+        "num_workers",
         "size_code",
-        "slots_holding",
+        "pool_size",
+        "memory_bytes",
         "slots_pending",
+        "slots_holding",
+        "last_seen",
+        "counters",
         "workers",
+        "faults",
     )
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
@@ -62,7 +60,7 @@ class JobStats(_message.Message):
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: int
-        def __init__(self, key: str | None = ..., value: int | None = ...) -> None: ...
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
 
     class FaultsEntry(_message.Message):
         __slots__ = ("key", "value")
@@ -70,7 +68,7 @@ class JobStats(_message.Message):
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: int
-        def __init__(self, key: str | None = ..., value: int | None = ...) -> None: ...
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
 
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -98,57 +96,67 @@ class JobStats(_message.Message):
     faults: _containers.ScalarMap[str, int]
     def __init__(
         self,
-        session_id: int | None = ...,
-        index: int | None = ...,
-        num_workers: int | None = ...,
-        size_code: int | None = ...,
-        pool_size: int | None = ...,
-        memory_bytes: int | None = ...,
-        slots_pending: _Iterable[int] | None = ...,
-        slots_holding: _Iterable[int] | None = ...,
-        last_seen: float | None = ...,
-        counters: _Mapping[str, int] | None = ...,
-        workers: _Iterable[WorkerStats | _Mapping] | None = ...,
-        faults: _Mapping[str, int] | None = ...,
+        session_id: _Optional[int] = ...,
+        index: _Optional[int] = ...,
+        num_workers: _Optional[int] = ...,
+        size_code: _Optional[int] = ...,
+        pool_size: _Optional[int] = ...,
+        memory_bytes: _Optional[int] = ...,
+        slots_pending: _Optional[_Iterable[int]] = ...,
+        slots_holding: _Optional[_Iterable[int]] = ...,
+        last_seen: _Optional[float] = ...,
+        counters: _Optional[_Mapping[str, int]] = ...,
+        workers: _Optional[_Iterable[_Union[WorkerStats, _Mapping]]] = ...,
+        faults: _Optional[_Mapping[str, int]] = ...,
     ) -> None: ...
 
 class Limits(_message.Message):
-    __slots__ = ("idle_timeout", "max_jobs", "max_pool_memory", "max_workers", "pool_size")
+    __slots__ = (
+        "pool_size",
+        "max_workers",
+        "max_jobs",
+        "max_pool_memory",
+        "idle_timeout",
+        "evict_after",
+    )
     POOL_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_WORKERS_FIELD_NUMBER: _ClassVar[int]
     MAX_JOBS_FIELD_NUMBER: _ClassVar[int]
     MAX_POOL_MEMORY_FIELD_NUMBER: _ClassVar[int]
     IDLE_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    EVICT_AFTER_FIELD_NUMBER: _ClassVar[int]
     pool_size: int
     max_workers: int
     max_jobs: int
     max_pool_memory: int
     idle_timeout: float
+    evict_after: float
     def __init__(
         self,
-        pool_size: int | None = ...,
-        max_workers: int | None = ...,
-        max_jobs: int | None = ...,
-        max_pool_memory: int | None = ...,
-        idle_timeout: float | None = ...,
+        pool_size: _Optional[int] = ...,
+        max_workers: _Optional[int] = ...,
+        max_jobs: _Optional[int] = ...,
+        max_pool_memory: _Optional[int] = ...,
+        idle_timeout: _Optional[float] = ...,
+        evict_after: _Optional[float] = ...,
     ) -> None: ...
 
 class Stats(_message.Message):
     __slots__ = (
-        "capture",
-        "control_address",
-        "counters",
-        "data_address",
-        "data_plane",
-        "fault_configs",
-        "faults",
-        "jobs",
-        "limits",
-        "max_pool_memory",
-        "memory_in_use",
-        "released",
         "timestamp",
         "uptime",
+        "counters",
+        "released",
+        "memory_in_use",
+        "max_pool_memory",
+        "jobs",
+        "data_plane",
+        "data_address",
+        "control_address",
+        "limits",
+        "faults",
+        "fault_configs",
+        "capture",
         "version",
     )
     class CountersEntry(_message.Message):
@@ -157,7 +165,7 @@ class Stats(_message.Message):
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: int
-        def __init__(self, key: str | None = ..., value: int | None = ...) -> None: ...
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
 
     class ReleasedEntry(_message.Message):
         __slots__ = ("key", "value")
@@ -165,7 +173,7 @@ class Stats(_message.Message):
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: int
-        def __init__(self, key: str | None = ..., value: int | None = ...) -> None: ...
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
 
     class DataPlaneEntry(_message.Message):
         __slots__ = ("key", "value")
@@ -173,7 +181,7 @@ class Stats(_message.Message):
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: int
-        def __init__(self, key: str | None = ..., value: int | None = ...) -> None: ...
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
 
     class FaultsEntry(_message.Message):
         __slots__ = ("key", "value")
@@ -181,7 +189,7 @@ class Stats(_message.Message):
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: int
-        def __init__(self, key: str | None = ..., value: int | None = ...) -> None: ...
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
 
     class CaptureEntry(_message.Message):
         __slots__ = ("key", "value")
@@ -189,7 +197,7 @@ class Stats(_message.Message):
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: int
-        def __init__(self, key: str | None = ..., value: int | None = ...) -> None: ...
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
 
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     UPTIME_FIELD_NUMBER: _ClassVar[int]
@@ -223,34 +231,34 @@ class Stats(_message.Message):
     version: str
     def __init__(
         self,
-        timestamp: float | None = ...,
-        uptime: float | None = ...,
-        counters: _Mapping[str, int] | None = ...,
-        released: _Mapping[str, int] | None = ...,
-        memory_in_use: int | None = ...,
-        max_pool_memory: int | None = ...,
-        jobs: _Iterable[JobStats | _Mapping] | None = ...,
-        data_plane: _Mapping[str, int] | None = ...,
-        data_address: str | None = ...,
-        control_address: str | None = ...,
-        limits: Limits | _Mapping | None = ...,
-        faults: _Mapping[str, int] | None = ...,
-        fault_configs: _Iterable[FaultConfig | _Mapping] | None = ...,
-        capture: _Mapping[str, int] | None = ...,
-        version: str | None = ...,
+        timestamp: _Optional[float] = ...,
+        uptime: _Optional[float] = ...,
+        counters: _Optional[_Mapping[str, int]] = ...,
+        released: _Optional[_Mapping[str, int]] = ...,
+        memory_in_use: _Optional[int] = ...,
+        max_pool_memory: _Optional[int] = ...,
+        jobs: _Optional[_Iterable[_Union[JobStats, _Mapping]]] = ...,
+        data_plane: _Optional[_Mapping[str, int]] = ...,
+        data_address: _Optional[str] = ...,
+        control_address: _Optional[str] = ...,
+        limits: _Optional[_Union[Limits, _Mapping]] = ...,
+        faults: _Optional[_Mapping[str, int]] = ...,
+        fault_configs: _Optional[_Iterable[_Union[FaultConfig, _Mapping]]] = ...,
+        capture: _Optional[_Mapping[str, int]] = ...,
+        version: _Optional[str] = ...,
     ) -> None: ...
 
 class FaultConfig(_message.Message):
     __slots__ = (
-        "delay_ms",
-        "duplicate",
-        "link_gbps",
+        "session_id",
         "loss_in",
         "loss_out",
+        "duplicate",
         "reorder_ms",
+        "delay_ms",
         "seed",
-        "session_id",
         "worker",
+        "link_gbps",
     )
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     LOSS_IN_FIELD_NUMBER: _ClassVar[int]
@@ -272,13 +280,13 @@ class FaultConfig(_message.Message):
     link_gbps: float
     def __init__(
         self,
-        session_id: int | None = ...,
-        loss_in: float | None = ...,
-        loss_out: float | None = ...,
-        duplicate: float | None = ...,
-        reorder_ms: float | None = ...,
-        delay_ms: float | None = ...,
-        seed: int | None = ...,
-        worker: int | None = ...,
-        link_gbps: float | None = ...,
+        session_id: _Optional[int] = ...,
+        loss_in: _Optional[float] = ...,
+        loss_out: _Optional[float] = ...,
+        duplicate: _Optional[float] = ...,
+        reorder_ms: _Optional[float] = ...,
+        delay_ms: _Optional[float] = ...,
+        seed: _Optional[int] = ...,
+        worker: _Optional[int] = ...,
+        link_gbps: _Optional[float] = ...,
     ) -> None: ...

@@ -2,7 +2,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -17,6 +17,7 @@ class PacketSize(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EMU_4096: _ClassVar[PacketSize]
     EMU_8192: _ClassVar[PacketSize]
     EMU_16384: _ClassVar[PacketSize]
+
 MTU_128: PacketSize
 MTU_256: PacketSize
 MTU_512: PacketSize
@@ -27,7 +28,18 @@ EMU_8192: PacketSize
 EMU_16384: PacketSize
 
 class RdmaSessionRequest(_message.Message):
-    __slots__ = ("session_id", "rank", "num_workers", "mac", "ipv4", "rkey", "packet_size", "message_size", "qpns", "psns")
+    __slots__ = (
+        "session_id",
+        "rank",
+        "num_workers",
+        "mac",
+        "ipv4",
+        "rkey",
+        "packet_size",
+        "message_size",
+        "qpns",
+        "psns",
+    )
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
@@ -48,7 +60,19 @@ class RdmaSessionRequest(_message.Message):
     message_size: int
     qpns: _containers.RepeatedScalarFieldContainer[int]
     psns: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, session_id: _Optional[int] = ..., rank: _Optional[int] = ..., num_workers: _Optional[int] = ..., mac: _Optional[int] = ..., ipv4: _Optional[int] = ..., rkey: _Optional[int] = ..., packet_size: _Optional[_Union[PacketSize, str]] = ..., message_size: _Optional[int] = ..., qpns: _Optional[_Iterable[int]] = ..., psns: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(
+        self,
+        session_id: _Optional[int] = ...,
+        rank: _Optional[int] = ...,
+        num_workers: _Optional[int] = ...,
+        mac: _Optional[int] = ...,
+        ipv4: _Optional[int] = ...,
+        rkey: _Optional[int] = ...,
+        packet_size: _Optional[_Union[PacketSize, str]] = ...,
+        message_size: _Optional[int] = ...,
+        qpns: _Optional[_Iterable[int]] = ...,
+        psns: _Optional[_Iterable[int]] = ...,
+    ) -> None: ...
 
 class RdmaSessionResponse(_message.Message):
     __slots__ = ("session_id", "mac", "ipv4", "rkeys", "qpns", "psns")
@@ -64,10 +88,28 @@ class RdmaSessionResponse(_message.Message):
     rkeys: _containers.RepeatedScalarFieldContainer[int]
     qpns: _containers.RepeatedScalarFieldContainer[int]
     psns: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, session_id: _Optional[int] = ..., mac: _Optional[int] = ..., ipv4: _Optional[int] = ..., rkeys: _Optional[_Iterable[int]] = ..., qpns: _Optional[_Iterable[int]] = ..., psns: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(
+        self,
+        session_id: _Optional[int] = ...,
+        mac: _Optional[int] = ...,
+        ipv4: _Optional[int] = ...,
+        rkeys: _Optional[_Iterable[int]] = ...,
+        qpns: _Optional[_Iterable[int]] = ...,
+        psns: _Optional[_Iterable[int]] = ...,
+    ) -> None: ...
 
 class UdpSessionRequest(_message.Message):
-    __slots__ = ("session_id", "rank", "num_workers", "mac", "ipv4", "packet_size", "udp_port", "pool_size", "loopback_broadcast")
+    __slots__ = (
+        "session_id",
+        "rank",
+        "num_workers",
+        "mac",
+        "ipv4",
+        "packet_size",
+        "udp_port",
+        "pool_size",
+        "loopback_broadcast",
+    )
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
@@ -86,21 +128,85 @@ class UdpSessionRequest(_message.Message):
     udp_port: int
     pool_size: int
     loopback_broadcast: bool
-    def __init__(self, session_id: _Optional[int] = ..., rank: _Optional[int] = ..., num_workers: _Optional[int] = ..., mac: _Optional[int] = ..., ipv4: _Optional[int] = ..., packet_size: _Optional[_Union[PacketSize, str]] = ..., udp_port: _Optional[int] = ..., pool_size: _Optional[int] = ..., loopback_broadcast: _Optional[bool] = ...) -> None: ...
+    def __init__(
+        self,
+        session_id: _Optional[int] = ...,
+        rank: _Optional[int] = ...,
+        num_workers: _Optional[int] = ...,
+        mac: _Optional[int] = ...,
+        ipv4: _Optional[int] = ...,
+        packet_size: _Optional[_Union[PacketSize, str]] = ...,
+        udp_port: _Optional[int] = ...,
+        pool_size: _Optional[int] = ...,
+        loopback_broadcast: _Optional[bool] = ...,
+    ) -> None: ...
 
 class UdpSessionResponse(_message.Message):
-    __slots__ = ("session_id", "mac", "ipv4", "data_ports", "broadcast_port")
+    __slots__ = ("session_id", "mac", "ipv4", "data_ports", "broadcast_port", "emulator")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MAC_FIELD_NUMBER: _ClassVar[int]
     IPV4_FIELD_NUMBER: _ClassVar[int]
     DATA_PORTS_FIELD_NUMBER: _ClassVar[int]
     BROADCAST_PORT_FIELD_NUMBER: _ClassVar[int]
+    EMULATOR_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     mac: int
     ipv4: int
     data_ports: _containers.RepeatedScalarFieldContainer[int]
     broadcast_port: int
-    def __init__(self, session_id: _Optional[int] = ..., mac: _Optional[int] = ..., ipv4: _Optional[int] = ..., data_ports: _Optional[_Iterable[int]] = ..., broadcast_port: _Optional[int] = ...) -> None: ...
+    emulator: EmulatorInfo
+    def __init__(
+        self,
+        session_id: _Optional[int] = ...,
+        mac: _Optional[int] = ...,
+        ipv4: _Optional[int] = ...,
+        data_ports: _Optional[_Iterable[int]] = ...,
+        broadcast_port: _Optional[int] = ...,
+        emulator: _Optional[_Union[EmulatorInfo, _Mapping]] = ...,
+    ) -> None: ...
+
+class EmulatorInfo(_message.Message):
+    __slots__ = ("packet_size",)
+    PACKET_SIZE_FIELD_NUMBER: _ClassVar[int]
+    packet_size: PacketSize
+    def __init__(self, packet_size: _Optional[_Union[PacketSize, str]] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("session_id", "rank", "ipv4", "udp_port")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    IPV4_FIELD_NUMBER: _ClassVar[int]
+    UDP_PORT_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    rank: int
+    ipv4: int
+    udp_port: int
+    def __init__(
+        self,
+        session_id: _Optional[int] = ...,
+        rank: _Optional[int] = ...,
+        ipv4: _Optional[int] = ...,
+        udp_port: _Optional[int] = ...,
+    ) -> None: ...
+
+class ReleaseResponse(_message.Message):
+    __slots__ = ("freed", "remaining", "found")
+    FREED_FIELD_NUMBER: _ClassVar[int]
+    REMAINING_FIELD_NUMBER: _ClassVar[int]
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    freed: bool
+    remaining: int
+    found: bool
+    def __init__(
+        self,
+        freed: _Optional[bool] = ...,
+        remaining: _Optional[int] = ...,
+        found: _Optional[bool] = ...,
+    ) -> None: ...
+
+class SwitchInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class BarrierRequest(_message.Message):
     __slots__ = ("num_workers", "session_id")
@@ -108,7 +214,9 @@ class BarrierRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     num_workers: int
     session_id: int
-    def __init__(self, num_workers: _Optional[int] = ..., session_id: _Optional[int] = ...) -> None: ...
+    def __init__(
+        self, num_workers: _Optional[int] = ..., session_id: _Optional[int] = ...
+    ) -> None: ...
 
 class BarrierResponse(_message.Message):
     __slots__ = ()
@@ -126,7 +234,14 @@ class BroadcastRequest(_message.Message):
     num_workers: int
     root: int
     session_id: int
-    def __init__(self, value: _Optional[int] = ..., rank: _Optional[int] = ..., num_workers: _Optional[int] = ..., root: _Optional[int] = ..., session_id: _Optional[int] = ...) -> None: ...
+    def __init__(
+        self,
+        value: _Optional[int] = ...,
+        rank: _Optional[int] = ...,
+        num_workers: _Optional[int] = ...,
+        root: _Optional[int] = ...,
+        session_id: _Optional[int] = ...,
+    ) -> None: ...
 
 class BroadcastResponse(_message.Message):
     __slots__ = ("value",)

@@ -44,6 +44,16 @@ class SessionStub:
                 request_serializer=switchml__pb2.UdpSessionRequest.SerializeToString,
                 response_deserializer=switchml__pb2.UdpSessionResponse.FromString,
                 _registered_method=True)
+        self.Release = channel.unary_unary(
+                '/switchml_proto.Session/Release',
+                request_serializer=switchml__pb2.ReleaseRequest.SerializeToString,
+                response_deserializer=switchml__pb2.ReleaseResponse.FromString,
+                _registered_method=True)
+        self.SwitchInfo = channel.unary_unary(
+                '/switchml_proto.Session/SwitchInfo',
+                request_serializer=switchml__pb2.SwitchInfoRequest.SerializeToString,
+                response_deserializer=switchml__pb2.UdpSessionResponse.FromString,
+                _registered_method=True)
 
 
 class SessionServicer:
@@ -63,6 +73,23 @@ class SessionServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Release(self, request, context):
+        """--- extensions (emulator; a p4app-switchML controller answers UNIMPLEMENTED) ---
+        A worker is done with its job (its context closed). Once every rank of
+        the job has released it, the switch frees the job (docs/lifetime.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SwitchInfo(self, request, context):
+        """What UdpSession would answer about the switch, without registering
+        anything: a worker asks it before joining to choose its packet size.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SessionServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -74,6 +101,16 @@ def add_SessionServicer_to_server(servicer, server):
             'UdpSession': grpc.unary_unary_rpc_method_handler(
                     servicer.UdpSession,
                     request_deserializer=switchml__pb2.UdpSessionRequest.FromString,
+                    response_serializer=switchml__pb2.UdpSessionResponse.SerializeToString,
+            ),
+            'Release': grpc.unary_unary_rpc_method_handler(
+                    servicer.Release,
+                    request_deserializer=switchml__pb2.ReleaseRequest.FromString,
+                    response_serializer=switchml__pb2.ReleaseResponse.SerializeToString,
+            ),
+            'SwitchInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.SwitchInfo,
+                    request_deserializer=switchml__pb2.SwitchInfoRequest.FromString,
                     response_serializer=switchml__pb2.UdpSessionResponse.SerializeToString,
             ),
     }
@@ -130,6 +167,60 @@ class Session:
             target,
             '/switchml_proto.Session/UdpSession',
             switchml__pb2.UdpSessionRequest.SerializeToString,
+            switchml__pb2.UdpSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Release(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchml_proto.Session/Release',
+            switchml__pb2.ReleaseRequest.SerializeToString,
+            switchml__pb2.ReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SwitchInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchml_proto.Session/SwitchInfo',
+            switchml__pb2.SwitchInfoRequest.SerializeToString,
             switchml__pb2.UdpSessionResponse.FromString,
             options,
             channel_credentials,
