@@ -141,6 +141,7 @@ def connect(
     join_timeout: float | None = None,
     bind: str | None = None,
     gso: bool | None = None,
+    worker_port: int | None = None,
 ) -> Context:
     """Join a SwitchML job (blocking API); use as a context manager.
 
@@ -154,6 +155,14 @@ def connect(
     networks (see :class:`Timing`). ``gso=False`` turns off UDP segmentation
     offload (on by default where the kernel and the route allow it; the switch
     sees the same datagrams either way, and ``SWITCHML_GSO=0`` also turns it off).
+
+    ``bind`` is the local IP to send from (default: the route to the switch).
+    ``worker_port`` (default ``$SWITCHML_WORKER_PORT``, else 4000, p4app-switchML's
+    ``worker_port``) is the UDP port every worker of the job sends from and listens
+    on when the switch knows workers by IP alone (p4app-switchML's Tofino program):
+    used when the switch says so in its reply, or, when it does not say, when
+    every worker of the job has its own IP. Otherwise each worker has its own
+    ephemeral port. See docs/p4app-switchml.md.
     """
     return Context(_options(**_kwargs(locals())))
 
@@ -176,6 +185,7 @@ def aconnect(
     join_timeout: float | None = None,
     bind: str | None = None,
     gso: bool | None = None,
+    worker_port: int | None = None,
 ) -> AsyncContext:
     """The asyncio twin of :func:`connect`: ``async with hostlib.aconnect(...) as actx``."""
     return AsyncContext(_options(**_kwargs(locals())))

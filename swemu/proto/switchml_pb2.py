@@ -24,33 +24,35 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0eswitchml.proto\x12\x0eswitchml_proto\"\xd7\x01\n\x12RdmaSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x13\n\x0bnum_workers\x18\x03 \x01(\r\x12\x0b\n\x03mac\x18\x04 \x01(\x04\x12\x0c\n\x04ipv4\x18\x05 \x01(\r\x12\x0c\n\x04rkey\x18\x06 \x01(\r\x12/\n\x0bpacket_size\x18\x07 \x01(\x0e\x32\x1a.switchml_proto.PacketSize\x12\x14\n\x0cmessage_size\x18\x08 \x01(\r\x12\x0c\n\x04qpns\x18\t \x03(\r\x12\x0c\n\x04psns\x18\n \x03(\r\"o\n\x13RdmaSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x0b\n\x03mac\x18\x02 \x01(\x04\x12\x0c\n\x04ipv4\x18\x03 \x01(\r\x12\r\n\x05rkeys\x18\x04 \x03(\r\x12\x0c\n\x04qpns\x18\x05 \x03(\r\x12\x0c\n\x04psns\x18\x06 \x03(\r\"\xd7\x01\n\x11UdpSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x13\n\x0bnum_workers\x18\x03 \x01(\r\x12\x0b\n\x03mac\x18\x04 \x01(\x04\x12\x0c\n\x04ipv4\x18\x05 \x01(\r\x12/\n\x0bpacket_size\x18\x07 \x01(\x0e\x32\x1a.switchml_proto.PacketSize\x12\x10\n\x08udp_port\x18\x08 \x01(\r\x12\x11\n\tpool_size\x18\t \x01(\r\x12\x1a\n\x12loopback_broadcast\x18\n \x01(\x08\"o\n\x12UdpSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x0b\n\x03mac\x18\x02 \x01(\x04\x12\x0c\n\x04ipv4\x18\x03 \x01(\r\x12\x12\n\ndata_ports\x18\x08 \x03(\r\x12\x16\n\x0e\x62roadcast_port\x18\t \x01(\r\"9\n\x0e\x42\x61rrierRequest\x12\x13\n\x0bnum_workers\x18\x01 \x01(\r\x12\x12\n\nsession_id\x18\x02 \x01(\x04\"\x11\n\x0f\x42\x61rrierResponse\"f\n\x10\x42roadcastRequest\x12\r\n\x05value\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x13\n\x0bnum_workers\x18\x03 \x01(\r\x12\x0c\n\x04root\x18\x04 \x01(\r\x12\x12\n\nsession_id\x18\x05 \x01(\x04\"\"\n\x11\x42roadcastResponse\x12\r\n\x05value\x18\x01 \x01(\x04*z\n\nPacketSize\x12\x0b\n\x07MTU_128\x10\x00\x12\x0b\n\x07MTU_256\x10\x01\x12\x0b\n\x07MTU_512\x10\x02\x12\x0c\n\x08MTU_1024\x10\x03\x12\x0c\n\x08\x45MU_2048\x10\x04\x12\x0c\n\x08\x45MU_4096\x10\x05\x12\x0c\n\x08\x45MU_8192\x10\x06\x12\r\n\tEMU_16384\x10\x07\x32\xba\x01\n\x07Session\x12X\n\x0bRdmaSession\x12\".switchml_proto.RdmaSessionRequest\x1a#.switchml_proto.RdmaSessionResponse\"\x00\x12U\n\nUdpSession\x12!.switchml_proto.UdpSessionRequest\x1a\".switchml_proto.UdpSessionResponse\"\x00\x32\xa8\x01\n\x04Sync\x12L\n\x07\x42\x61rrier\x12\x1e.switchml_proto.BarrierRequest\x1a\x1f.switchml_proto.BarrierResponse\"\x00\x12R\n\tBroadcast\x12 .switchml_proto.BroadcastRequest\x1a!.switchml_proto.BroadcastResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0eswitchml.proto\x12\x0eswitchml_proto\"\xd7\x01\n\x12RdmaSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x13\n\x0bnum_workers\x18\x03 \x01(\r\x12\x0b\n\x03mac\x18\x04 \x01(\x04\x12\x0c\n\x04ipv4\x18\x05 \x01(\r\x12\x0c\n\x04rkey\x18\x06 \x01(\r\x12/\n\x0bpacket_size\x18\x07 \x01(\x0e\x32\x1a.switchml_proto.PacketSize\x12\x14\n\x0cmessage_size\x18\x08 \x01(\r\x12\x0c\n\x04qpns\x18\t \x03(\r\x12\x0c\n\x04psns\x18\n \x03(\r\"o\n\x13RdmaSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x0b\n\x03mac\x18\x02 \x01(\x04\x12\x0c\n\x04ipv4\x18\x03 \x01(\r\x12\r\n\x05rkeys\x18\x04 \x03(\r\x12\x0c\n\x04qpns\x18\x05 \x03(\r\x12\x0c\n\x04psns\x18\x06 \x03(\r\"\xd7\x01\n\x11UdpSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x13\n\x0bnum_workers\x18\x03 \x01(\r\x12\x0b\n\x03mac\x18\x04 \x01(\x04\x12\x0c\n\x04ipv4\x18\x05 \x01(\r\x12/\n\x0bpacket_size\x18\x07 \x01(\x0e\x32\x1a.switchml_proto.PacketSize\x12\x10\n\x08udp_port\x18\x08 \x01(\r\x12\x11\n\tpool_size\x18\t \x01(\r\x12\x1a\n\x12loopback_broadcast\x18\n \x01(\x08\"\xa8\x01\n\x12UdpSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x0b\n\x03mac\x18\x02 \x01(\x04\x12\x0c\n\x04ipv4\x18\x03 \x01(\r\x12\x12\n\ndata_ports\x18\x08 \x03(\r\x12\x16\n\x0e\x62roadcast_port\x18\t \x01(\r\x12\x37\n\x0fworker_identity\x18\x0b \x01(\x0e\x32\x1e.switchml_proto.WorkerIdentity\"9\n\x0e\x42\x61rrierRequest\x12\x13\n\x0bnum_workers\x18\x01 \x01(\r\x12\x12\n\nsession_id\x18\x02 \x01(\x04\"\x11\n\x0f\x42\x61rrierResponse\"f\n\x10\x42roadcastRequest\x12\r\n\x05value\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x13\n\x0bnum_workers\x18\x03 \x01(\r\x12\x0c\n\x04root\x18\x04 \x01(\r\x12\x12\n\nsession_id\x18\x05 \x01(\x04\"\"\n\x11\x42roadcastResponse\x12\r\n\x05value\x18\x01 \x01(\x04*M\n\x0eWorkerIdentity\x12\x14\n\x10IDENTITY_UNKNOWN\x10\x00\x12\x14\n\x10IDENTITY_IP_PORT\x10\x01\x12\x0f\n\x0bIDENTITY_IP\x10\x02*z\n\nPacketSize\x12\x0b\n\x07MTU_128\x10\x00\x12\x0b\n\x07MTU_256\x10\x01\x12\x0b\n\x07MTU_512\x10\x02\x12\x0c\n\x08MTU_1024\x10\x03\x12\x0c\n\x08\x45MU_2048\x10\x04\x12\x0c\n\x08\x45MU_4096\x10\x05\x12\x0c\n\x08\x45MU_8192\x10\x06\x12\r\n\tEMU_16384\x10\x07\x32\xba\x01\n\x07Session\x12X\n\x0bRdmaSession\x12\".switchml_proto.RdmaSessionRequest\x1a#.switchml_proto.RdmaSessionResponse\"\x00\x12U\n\nUdpSession\x12!.switchml_proto.UdpSessionRequest\x1a\".switchml_proto.UdpSessionResponse\"\x00\x32\xa8\x01\n\x04Sync\x12L\n\x07\x42\x61rrier\x12\x1e.switchml_proto.BarrierRequest\x1a\x1f.switchml_proto.BarrierResponse\"\x00\x12R\n\tBroadcast\x12 .switchml_proto.BroadcastRequest\x1a!.switchml_proto.BroadcastResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'switchml_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PACKETSIZE']._serialized_start=914
-  _globals['_PACKETSIZE']._serialized_end=1036
+  _globals['_WORKERIDENTITY']._serialized_start=972
+  _globals['_WORKERIDENTITY']._serialized_end=1049
+  _globals['_PACKETSIZE']._serialized_start=1051
+  _globals['_PACKETSIZE']._serialized_end=1173
   _globals['_RDMASESSIONREQUEST']._serialized_start=35
   _globals['_RDMASESSIONREQUEST']._serialized_end=250
   _globals['_RDMASESSIONRESPONSE']._serialized_start=252
   _globals['_RDMASESSIONRESPONSE']._serialized_end=363
   _globals['_UDPSESSIONREQUEST']._serialized_start=366
   _globals['_UDPSESSIONREQUEST']._serialized_end=581
-  _globals['_UDPSESSIONRESPONSE']._serialized_start=583
-  _globals['_UDPSESSIONRESPONSE']._serialized_end=694
-  _globals['_BARRIERREQUEST']._serialized_start=696
-  _globals['_BARRIERREQUEST']._serialized_end=753
-  _globals['_BARRIERRESPONSE']._serialized_start=755
-  _globals['_BARRIERRESPONSE']._serialized_end=772
-  _globals['_BROADCASTREQUEST']._serialized_start=774
-  _globals['_BROADCASTREQUEST']._serialized_end=876
-  _globals['_BROADCASTRESPONSE']._serialized_start=878
-  _globals['_BROADCASTRESPONSE']._serialized_end=912
-  _globals['_SESSION']._serialized_start=1039
-  _globals['_SESSION']._serialized_end=1225
-  _globals['_SYNC']._serialized_start=1228
-  _globals['_SYNC']._serialized_end=1396
+  _globals['_UDPSESSIONRESPONSE']._serialized_start=584
+  _globals['_UDPSESSIONRESPONSE']._serialized_end=752
+  _globals['_BARRIERREQUEST']._serialized_start=754
+  _globals['_BARRIERREQUEST']._serialized_end=811
+  _globals['_BARRIERRESPONSE']._serialized_start=813
+  _globals['_BARRIERRESPONSE']._serialized_end=830
+  _globals['_BROADCASTREQUEST']._serialized_start=832
+  _globals['_BROADCASTREQUEST']._serialized_end=934
+  _globals['_BROADCASTRESPONSE']._serialized_start=936
+  _globals['_BROADCASTRESPONSE']._serialized_end=970
+  _globals['_SESSION']._serialized_start=1176
+  _globals['_SESSION']._serialized_end=1362
+  _globals['_SYNC']._serialized_start=1365
+  _globals['_SYNC']._serialized_end=1533
 # @@protoc_insertion_point(module_scope)

@@ -7,6 +7,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class WorkerIdentity(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    IDENTITY_UNKNOWN: _ClassVar[WorkerIdentity]
+    IDENTITY_IP_PORT: _ClassVar[WorkerIdentity]
+    IDENTITY_IP: _ClassVar[WorkerIdentity]
+
 class PacketSize(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     MTU_128: _ClassVar[PacketSize]
@@ -17,6 +23,9 @@ class PacketSize(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EMU_4096: _ClassVar[PacketSize]
     EMU_8192: _ClassVar[PacketSize]
     EMU_16384: _ClassVar[PacketSize]
+IDENTITY_UNKNOWN: WorkerIdentity
+IDENTITY_IP_PORT: WorkerIdentity
+IDENTITY_IP: WorkerIdentity
 MTU_128: PacketSize
 MTU_256: PacketSize
 MTU_512: PacketSize
@@ -89,18 +98,20 @@ class UdpSessionRequest(_message.Message):
     def __init__(self, session_id: _Optional[int] = ..., rank: _Optional[int] = ..., num_workers: _Optional[int] = ..., mac: _Optional[int] = ..., ipv4: _Optional[int] = ..., packet_size: _Optional[_Union[PacketSize, str]] = ..., udp_port: _Optional[int] = ..., pool_size: _Optional[int] = ..., loopback_broadcast: _Optional[bool] = ...) -> None: ...
 
 class UdpSessionResponse(_message.Message):
-    __slots__ = ("session_id", "mac", "ipv4", "data_ports", "broadcast_port")
+    __slots__ = ("session_id", "mac", "ipv4", "data_ports", "broadcast_port", "worker_identity")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MAC_FIELD_NUMBER: _ClassVar[int]
     IPV4_FIELD_NUMBER: _ClassVar[int]
     DATA_PORTS_FIELD_NUMBER: _ClassVar[int]
     BROADCAST_PORT_FIELD_NUMBER: _ClassVar[int]
+    WORKER_IDENTITY_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     mac: int
     ipv4: int
     data_ports: _containers.RepeatedScalarFieldContainer[int]
     broadcast_port: int
-    def __init__(self, session_id: _Optional[int] = ..., mac: _Optional[int] = ..., ipv4: _Optional[int] = ..., data_ports: _Optional[_Iterable[int]] = ..., broadcast_port: _Optional[int] = ...) -> None: ...
+    worker_identity: WorkerIdentity
+    def __init__(self, session_id: _Optional[int] = ..., mac: _Optional[int] = ..., ipv4: _Optional[int] = ..., data_ports: _Optional[_Iterable[int]] = ..., broadcast_port: _Optional[int] = ..., worker_identity: _Optional[_Union[WorkerIdentity, str]] = ...) -> None: ...
 
 class BarrierRequest(_message.Message):
     __slots__ = ("num_workers", "session_id")
