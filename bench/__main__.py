@@ -76,6 +76,17 @@ def main(argv: list[str] | None = None) -> int:
     so.add_argument("--every", type=int, default=100, help="sample the RSS every N jobs")
     so.add_argument("--shards", type=int, default=1, help="data-plane processes (serve --shards)")
     so.add_argument("--out", type=Path, default=Path("bench/results"))
+    i = sub.add_parser("identity", help="workers known by IP alone vs by (IP, port)")
+    i.add_argument("--workers", type=int, default=3)
+    i.add_argument("--size", type=_list(None), default=[4 << 20])
+    i.add_argument("--size-code", type=int, default=3)
+    i.add_argument("--reps", type=int, default=10)
+    i.add_argument(
+        "--per-worker-ports",
+        action="store_true",
+        help="also measure IP identity with a port per worker (the slow path)",
+    )
+    i.add_argument("--out", type=Path, default=Path("bench/results"))
     args = p.parse_args(argv)
 
     if args.what == "allreduce":
@@ -148,6 +159,22 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "loss.json").write_text(json.dumps(data, indent=2))
         (args.out / "loss.md").write_text(loss.markdown(data))
         print(loss.markdown(data))
+        return 0
+    if args.what == "identity":
+        from . import identity
+
+        data = identity.run(
+            args.workers,
+            args.size[0],
+            args.size_code,
+            args.reps,
+            per_worker_ports=args.per_worker_ports,
+            log=lambda m: print(m, file=sys.stderr),
+        )
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "identity.json").write_text(json.dumps(data, indent=2))
+        (args.out / "identity.md").write_text(identity.markdown(data))
+        print(identity.markdown(data))
         return 0
     from .switch import run as run_switch
 

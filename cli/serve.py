@@ -42,6 +42,17 @@ class Seconds(click.ParamType):
         return seconds
 
 
+def _mac(ctx, param, value):
+    if value is None:
+        return None
+    from swemu.netutil import parse_mac
+
+    try:
+        return parse_mac(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 def _pcap_size(ctx, param, value):
     if value < 24:
         raise click.BadParameter("must leave room for the 24-byte pcap file header")
@@ -122,6 +133,30 @@ def _pcap_size(ctx, param, value):
     "--advertise-ip",
     default=None,
     help="IPv4 address given to workers as the switch's [default: --host, or 127.0.0.1].",
+)
+@click.option(
+    "--advertise-mac",
+    default=None,
+    callback=_mac,
+    help="MAC address given to workers as the switch's (clients that write their own "
+    "Ethernet headers send to it) [default: that of the interface holding --host, "
+    "else 02:00:5e:be:e0:00].",
+)
+@click.option(
+    "--identify-by",
+    default="ip-port",
+    show_default=True,
+    type=click.Choice(["ip-port", "ip"]),
+    help="How workers are told apart: by (IP, udp_port), or by IP alone with results "
+    "sent to the triggering packet's source port, as p4app-switchML's switch does.",
+)
+@click.option(
+    "--gso/--no-gso",
+    default=True,
+    show_default=True,
+    help="Send results to one worker as UDP segmentation offload messages. --no-gso "
+    "sends each datagram on its own: needed when workers read raw frames (DPDK "
+    "af_packet) behind virtual links (veth) that pass such messages on uncut.",
 )
 @click.option(
     "--log-level",
@@ -214,8 +249,8 @@ def _pcap_size(ctx, param, value):
     "--ready-file",
     default=None,
     type=click.Path(dir_okay=False),
-    hidden=True,
-    help="Write the bound addresses as JSON here once serving (for launchers).",
+    help="Once serving, write the bound addresses as JSON to this file (launchers wait "
+    "for it; the ports are bound only once the kernels are compiled).",
 )
 def serve(
     host,
@@ -230,6 +265,9 @@ def serve(
     idle_timeout,
     evict_after,
     advertise_ip,
+    advertise_mac,
+    identify_by,
+    gso,
     log_level,
     metrics_port,
     metrics_host,
@@ -265,6 +303,7 @@ def serve(
 
     from swemu.engine import EngineConfig
     from swemu.faults import FaultConfig, configure
+    from swemu.netutil import format_mac
     from swemu.server import Emulator
 
     if tui:
@@ -307,11 +346,16 @@ def serve(
             "control_port": control_port,
             "config": config,
             "advertise_ip": advertise_ip,
+            "switch_mac": advertise_mac,
+            "identify_by": identify_by,
             "metrics_port": metrics_port,
             "metrics_host": metrics_host,
         }
         if shards > 1:
             from swemu.shards import ShardedEmulator
+
+            if not gso:  # read by each shard's data plane (spawned with this environment)
+                os.environ["SWEMU_GSO"] = "0"
 
             emu = ShardedEmulator(
                 shards=shards,
@@ -323,6 +367,7 @@ def serve(
         else:
             emu = Emulator(
                 **common,
+                gso=None if gso else False,  # None: on unless SWEMU_GSO=0
                 pcap=pcap,
                 pcap_max_packets=pcap_max_packets,
                 pcap_max_bytes=pcap_max_bytes,
@@ -349,6 +394,7 @@ def serve(
                         "control": list(emu.control_address),
                         "metrics": list(emu.metrics_address) if emu.metrics_address else None,
                         "data_ports": data_ports,
+                        "mac": format_mac(emu.switch_mac),
                         "pid": os.getpid(),
                     },
                     f,
@@ -362,7 +408,7 @@ def serve(
             if shards > 1:
                 data += f"-{emu.port + shards - 1} ({shards} shards)"
             terminal.info(
-                f"switchml-emu serving: data udp {data}, "
+                f"switchml-emu serving: data udp {data} (MAC {format_mac(emu.switch_mac)}), "
                 f"control grpc {emu.control_host}:{emu.control_port}{metrics} "
                 "(Ctrl-C to stop)"
             )

@@ -151,6 +151,7 @@ def connect(
     bind: str | None = None,
     gso: bool | None = None,
     release: bool | None = None,
+    worker_port: int | None = None,
 ) -> Context:
     """Join a SwitchML job (blocking API); use as a context manager.
 
@@ -168,6 +169,14 @@ def connect(
     ``release=False`` leaves the job on the switch when the context closes (to
     read its counters afterwards with ``switchml-emu stats``; the emulator frees
     it once idle, docs/lifetime.md); by default the last worker to close frees it.
+
+    ``bind`` is the local IP to send from (default: the route to the switch).
+    ``worker_port`` (default ``$SWITCHML_WORKER_PORT``, else 4000, p4app-switchML's
+    ``worker_port``) is the UDP port every worker of the job sends from and listens
+    on when the switch knows workers by IP alone (p4app-switchML's Tofino program):
+    used when the switch says so in its reply, or, when it does not say, when
+    every worker of the job has its own IP. Otherwise each worker has its own
+    ephemeral port. See docs/p4app-switchml.md.
     """
     return Context(_options(**_kwargs(locals())))
 
@@ -191,6 +200,7 @@ def aconnect(
     bind: str | None = None,
     gso: bool | None = None,
     release: bool | None = None,
+    worker_port: int | None = None,
 ) -> AsyncContext:
     """The asyncio twin of :func:`connect`: ``async with hostlib.aconnect(...) as actx``."""
     return AsyncContext(_options(**_kwargs(locals())))

@@ -29,6 +29,7 @@ from swemu.netutil import (
     resolve_ipv4,
     set_socket_buffers,
 )
+from swemu.proto import switchml_pb2 as pb
 
 from . import fastpath
 from . import kernels as K
@@ -37,6 +38,9 @@ from .errors import SwitchMLError
 from .protocol import Allreduce, Timing, WorkerProtocol, warmup
 
 BATCH = 64
+#: p4app-switchML's worker_port: the port all workers of a job share where the
+#: switch knows workers by IP alone (see AsyncContext.open)
+DEFAULT_WORKER_PORT = 4000
 log = logging.getLogger("hostlib")
 
 
@@ -70,6 +74,9 @@ class Options:
     # tell the controller when leaving (Release; the last rank's frees the job). False
     # leaves a finished job on the switch for inspection (stats) until it expires
     release: bool = True
+    # the UDP port all workers of a job share on a switch that knows workers by IP
+    # alone (p4app-switchML's worker_port); None: $SWITCHML_WORKER_PORT, else 4000
+    worker_port: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:
@@ -82,6 +89,13 @@ class Options:
             object.__setattr__(self, "window", default_window(self.packet_size))
         if self.window is not None and not 1 <= self.window <= wire.MAX_SLOTS:
             raise ValueError(f"window must be in 1..{wire.MAX_SLOTS}")
+        if self.worker_port is None:
+            env = os.environ.get("SWITCHML_WORKER_PORT", "")
+            if env and not env.isdigit():
+                raise ValueError(f"SWITCHML_WORKER_PORT={env!r} is not a port number")
+            object.__setattr__(self, "worker_port", int(env) if env else DEFAULT_WORKER_PORT)
+        if not 1 <= self.worker_port <= 0xFFFF:
+            raise ValueError(f"worker_port must be in 1..65535, got {self.worker_port}")
 
     def with_packet_size(self, packet_size: int) -> Options:
         """These options with the packet size chosen when it was left open (a
@@ -152,13 +166,19 @@ class AsyncContext:
                 if switch_host
                 else resolve_ipv4(parse_address(o.control, wire.DEFAULT_CONTROL_PORT)[0])
             )
-            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            local_ip = o.bind or _route_source(probe_host)
+            sock = _worker_socket(local_ip, 0, o)
+            shared: socket.socket | None = None
+
+            def registered(reply: pb.UdpSessionResponse) -> None:
+                # a switch that knows workers by IP alone sends each result to the
+                # source port of the packet that completed the slot: every worker
+                # must listen where the others send from (before any result comes)
+                nonlocal shared
+                if reply.worker_identity == pb.IDENTITY_IP and o.world_size > 1:
+                    shared = _worker_socket(local_ip, o.worker_port, o)
+
             try:
-                set_socket_buffers(sock)
-                _check_buffer(sock, o)
-                local_ip = o.bind or _route_source(probe_host)
-                sock.bind((local_ip, 0))
-                sock.setblocking(False)
                 # on loopback, ask the emulator to send each result once to all
                 # workers (127.255.255.255); needs the compiled path's second socket
                 want_broadcast = (
@@ -177,12 +197,46 @@ class AsyncContext:
                     session_id=o.session_id,
                     timeout=o.join_timeout,
                     mac=mac_of_ipv4(local_ip),
+                    registered=registered,
                 )
+                if membership.worker_identity == pb.IDENTITY_UNKNOWN and o.world_size > 1:
+                    # the switch does not say: workers that share an IP can only be
+                    # told apart by port (keep one each, as registered); workers on
+                    # distinct IPs may face a switch that knows them by IP alone
+                    # (p4app-switchML), so they move to the shared port, registered
+                    # again, which a switch that honours udp_port follows as well
+                    ips = await ctl.gather(
+                        wire.ipv4_to_int(local_ip),
+                        rank=o.rank,
+                        world_size=o.world_size,
+                        session_id=membership.session_id,
+                        timeout=o.join_timeout,
+                    )
+                    if len(set(ips)) == len(ips):
+                        shared = _worker_socket(local_ip, o.worker_port, o)
+                        membership = await ctl.join(
+                            loopback_broadcast=False,
+                            rank=o.rank,
+                            world_size=o.world_size,
+                            ipv4=wire.ipv4_to_int(local_ip),
+                            udp_port=o.worker_port,
+                            packet_size=o.packet_size,
+                            pool_size=o.window,
+                            session_id=membership.session_id,
+                            timeout=o.join_timeout,
+                            mac=mac_of_ipv4(local_ip),
+                        )
+                        want_broadcast = False
             except BaseException:
                 sock.close()
+                if shared is not None:
+                    shared.close()
                 raise
         finally:
             await ctl.close()
+        if shared is not None:
+            sock.close()
+            sock = shared
         self._sock = sock
         self.membership = membership
         self._local = (wire.ipv4_to_int(local_ip), sock.getsockname()[1])
@@ -525,6 +579,28 @@ def _warmup_once() -> None:
         if fastio.AVAILABLE:
             fastpath.warmup()
         _warm = True
+
+
+def _worker_socket(ip: str, port: int, o: Options) -> socket.socket:
+    """A worker's UDP socket on ``ip:port`` (0: any free port), non-blocking,
+    with large buffers; a port in use is a :class:`SwitchMLError` that says why
+    that port."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        set_socket_buffers(sock)
+        _check_buffer(sock, o)
+        sock.bind((ip, port))
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        if port == 0:
+            raise
+        raise SwitchMLError(
+            f"cannot bind the shared worker port {ip}:{port}: {exc.strerror or exc} (the "
+            "switch knows workers by IP alone, so all workers of the job send from one "
+            "port; choose another with worker_port= or SWITCHML_WORKER_PORT)"
+        ) from None
+    return sock
 
 
 def _route_source(host: str) -> str:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -46,6 +47,9 @@ class Membership:
     data_ports: tuple[int, ...]
     broadcast_port: int = 0  # non-zero: results also come to 127.255.255.255:this port
     emulator_size_code: int | None = None  # set by an emulator: its fastest size code
+    # how the switch tells workers apart (pb.WorkerIdentity): IDENTITY_UNKNOWN when
+    # the reply does not say (a p4app-switchML controller, an older switch)
+    worker_identity: int = pb.IDENTITY_UNKNOWN
 
 
 def new_session_id() -> int:
@@ -137,8 +141,13 @@ class ControlClient:
         timeout: float = 120.0,
         mac: int = 0,
         loopback_broadcast: bool = False,
+        registered: Callable[[pb.UdpSessionResponse], None] | None = None,
     ) -> Membership:
-        """Register this worker and wait for the others (steps 1–3 above)."""
+        """Register this worker and wait for the others (steps 1–3 above).
+
+        ``registered`` is called with the switch's reply as soon as this worker
+        is registered, before it waits for the others (it may open a socket that
+        must be ready before any result can come)."""
         scope = session_id or 0
 
         def register(sid: int):
@@ -174,6 +183,8 @@ class ControlClient:
             if session_id and sid != session_id:
                 raise ControlPlaneError(f"rank 0 announced session {sid}, expected {session_id}")
             resp = await register(sid)
+        if registered is not None:
+            registered(resp)
         await self._call(
             "Barrier",
             self.sync.Barrier(
@@ -187,7 +198,28 @@ class ControlClient:
             tuple(resp.data_ports),
             int(resp.broadcast_port),
             int(resp.emulator.packet_size) if resp.HasField("emulator") else None,
+            int(resp.worker_identity),
         )
+
+    async def gather(
+        self, value: int, *, rank: int, world_size: int, session_id: int, timeout: float = 120.0
+    ) -> list[int]:
+        """Every rank's ``value`` (one ``Broadcast`` per rank as root: the only
+        all-to-all a p4app-switchML controller offers)."""
+        values = []
+        for root in range(world_size):
+            req = pb.BroadcastRequest(
+                value=value if rank == root else 0,
+                rank=rank,
+                num_workers=world_size,
+                root=root,
+                session_id=session_id,
+            )
+            resp = await self._call(
+                f"Broadcast of rank {root}'s address", self.sync.Broadcast(req, timeout=timeout)
+            )
+            values.append(resp.value)
+        return values
 
 
 async def _raise(exc: BaseException):

@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("swemu.control")
 
+#: How a switch may tell a job's workers apart (``serve --identify-by``).
+IDENTITY_MODES = ("ip-port", "ip")
+
 
 def _peer_ipv4(context: grpc.aio.ServicerContext) -> int:
     """The IPv4 address of a gRPC peer (``ipv4:1.2.3.4:5``), or 0 if not IPv4."""
@@ -65,6 +68,14 @@ class SessionService(pb_grpc.SessionServicer):
     before the reply goes out: a sharded emulator (:mod:`swemu.shards`) waits
     there until every data-plane process has applied it, so that a worker never
     sends to a shard that does not know its job yet.
+
+    ``identify_by`` is how workers are told apart: ``"ip-port"`` (the request's
+    ``udp_port``, the default) or ``"ip"``, as p4app-switchML's controller and
+    Tofino program do: ``udp_port`` and ``loopback_broadcast`` are ignored, every
+    worker is registered by its IPv4 alone and gets results at the source port of
+    the packet that completed the slot. The reply says which
+    (``worker_identity``); ``advertise_identity=False`` leaves that field out, as a
+    switch from before it (tests of the host library's fallback use it).
     """
 
     def __init__(
@@ -77,7 +88,11 @@ class SessionService(pb_grpc.SessionServicer):
         clock: Callable[[], float],
         on_register: Callable[[int, int], None] | None = None,
         commit: Callable[[], Awaitable[None]] | None = None,
+        identify_by: str = "ip-port",
+        advertise_identity: bool = True,
     ) -> None:
+        if identify_by not in IDENTITY_MODES:
+            raise ValueError(f"identify_by must be one of {', '.join(IDENTITY_MODES)}")
         if not isinstance(controller, SessionController):
             controller = controller.controller
         self.controller = controller
@@ -86,6 +101,12 @@ class SessionService(pb_grpc.SessionServicer):
         self.clock = clock
         self.on_register = on_register
         self.commit = commit
+        self.by_port = identify_by == "ip-port"
+        self.identity = (
+            (pb.IDENTITY_IP_PORT if self.by_port else pb.IDENTITY_IP)
+            if advertise_identity
+            else pb.IDENTITY_UNKNOWN
+        )
 
     def _emulator_info(self) -> pb.EmulatorInfo | None:
         """UdpSessionResponse field 10: set only when the target is software."""
@@ -139,18 +160,31 @@ class SessionService(pb_grpc.SessionServicer):
                 grpc.StatusCode.UNAVAILABLE, "the controller has no switch address configured"
             )
         ipv4 = request.ipv4 or _peer_ipv4(context)
+        udp_port = request.udp_port if self.by_port else 0
+        broadcast = request.loopback_broadcast and self.by_port
+        if not self.by_port:
+            # by IP alone, a second worker of the job on the same IP would take
+            # the first one's place (as on the Tofino): say so instead
+            owner = self.controller.owner_of(ipv4, 0)
+            if owner is not None and owner[0] == request.session_id and owner[1] != request.rank:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"rank {request.rank} registers from {ipaddress.IPv4Address(ipv4)}, which is "
+                    f"rank {owner[1]}'s: a switch that identifies workers by IP alone "
+                    "needs one IP per worker",
+                )
         try:
             session = self.controller.register(
                 session_id=request.session_id,
                 rank=request.rank,
                 num_workers=request.num_workers,
                 ipv4=ipv4,
-                udp_port=request.udp_port,
+                udp_port=udp_port,
                 packet_size=int(request.packet_size),
                 pool_size=request.pool_size,
                 mac=request.mac,
                 now=self.clock(),
-                loopback_broadcast=request.loopback_broadcast,
+                loopback_broadcast=broadcast,
             )
             if self.commit is not None:
                 await self.commit()
@@ -174,7 +208,7 @@ class SessionService(pb_grpc.SessionServicer):
             request.rank,
             params.num_workers,
             ipaddress.IPv4Address(ipv4),
-            request.udp_port,
+            udp_port,
             params.size_code,
             params.pool_size,
         )
@@ -185,10 +219,9 @@ class SessionService(pb_grpc.SessionServicer):
             mac=switch.mac,
             ipv4=switch.ipv4,
             data_ports=list(switch.data_ports),
-            broadcast_port=(
-                self.controller.broadcast_port(session) if request.loopback_broadcast else 0
-            ),
+            broadcast_port=self.controller.broadcast_port(session) if broadcast else 0,
             emulator=self._emulator_info(),
+            worker_identity=self.identity,
         )
 
 

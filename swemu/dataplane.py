@@ -25,7 +25,7 @@ from numba import njit
 
 from . import fastio
 from . import faults as faults_mod
-from .engine import Batch, SwitchEngine
+from .engine import Batch, EngineConfig, SwitchEngine
 from .faults import DelayQueue
 from .kernels import _process_batch
 from .netutil import set_socket_buffers
@@ -1162,6 +1162,15 @@ class DataPlane:
         # wakeups: the event loop's callbacks and the waits within serve slices
         self.stats.wakeups = self._callbacks + int(st[S_POLLS])
         self.stats.send_errors = int(st[S_SEND_DROPS])
+
+
+def warmup(loop: asyncio.AbstractEventLoop) -> None:
+    """Compile (or load from the cache) every kernel of the data plane's paths,
+    on a throwaway engine and an unbound socket: a server calls this before it
+    binds any port, so that nobody reaches it while it compiles."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.setblocking(False)
+        DataPlane(SwitchEngine(EngineConfig(pool_size=4, max_jobs=1)), sock, loop).compile()
 
 
 def bind_udp(host: str, port: int) -> socket.socket:

@@ -112,6 +112,38 @@ def mac_of_ipv4(ip: str) -> int:
     return 0
 
 
+def interface_mac(host: str, advertise_ip: str | None = None) -> int:
+    """The MAC a switch bound to ``host`` gives workers (UdpSessionResponse.mac):
+    that of the interface holding ``host`` (or, for a wildcard host, holding
+    ``advertise_ip``), else :data:`swemu.wire.DEFAULT_SWITCH_MAC` (wildcard or
+    loopback addresses, whose interface has no MAC). A client that writes its own
+    Ethernet headers (p4app-switchML's DPDK backend) sends to this MAC."""
+    from .wire import DEFAULT_SWITCH_MAC
+
+    for ip in (host, advertise_ip):
+        if ip and ip not in ("0.0.0.0", ""):
+            mac = mac_of_ipv4(ip)
+            if mac:
+                return mac
+    return DEFAULT_SWITCH_MAC
+
+
+def parse_mac(text: str) -> int:
+    """``aa:bb:cc:dd:ee:ff`` (or with ``-``) -> the MAC as an integer; ValueError otherwise."""
+    parts = text.strip().replace("-", ":").split(":")
+    if len(parts) != 6 or not all(len(p) in (1, 2) for p in parts):
+        raise ValueError(f"{text!r} is not a MAC address (aa:bb:cc:dd:ee:ff)")
+    try:
+        return int("".join(p.zfill(2) for p in parts), 16)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a MAC address (aa:bb:cc:dd:ee:ff)") from None
+
+
+def format_mac(mac: int) -> str:
+    """A MAC as ``aa:bb:cc:dd:ee:ff``."""
+    return ":".join(f"{(mac >> s) & 0xFF:02x}" for s in range(40, -8, -8))
+
+
 _SO_ATTACH_FILTER = 26  # asm-generic/socket.h
 
 

@@ -40,12 +40,19 @@ from typing import Any
 from . import __version__, fastio
 from .control import SessionService, SyncService, start_control_server
 from .dataplane import DataPlane, bind_udp
+from .dataplane import warmup as dataplane_warmup
 from .engine import Batch, EngineConfig, SwitchEngine, warmup
 from .metrics import MetricsServer
-from .netutil import SWITCH_BUFFER_BYTES, buffer_advice, hold_broadcast_port, receive_buffer
+from .netutil import (
+    SWITCH_BUFFER_BYTES,
+    buffer_advice,
+    hold_broadcast_port,
+    interface_mac,
+    receive_buffer,
+)
 from .pcap import DEFAULT_MAX_BYTES, DEFAULT_MAX_PACKETS, PcapWriter
 from .stats import EmulatorControlService, FaultHandler, add_to_server
-from .wire import DEFAULT_CONTROL_PORT, DEFAULT_SWITCH_MAC, DEFAULT_UDP_PORT
+from .wire import DEFAULT_CONTROL_PORT, DEFAULT_UDP_PORT
 
 log = logging.getLogger("swemu.server")
 
@@ -161,7 +168,10 @@ class Emulator:
         control_port: int = DEFAULT_CONTROL_PORT,
         config: EngineConfig | None = None,
         advertise_ip: str | None = None,
-        switch_mac: int = DEFAULT_SWITCH_MAC,
+        switch_mac: int | None = None,
+        identify_by: str = "ip-port",
+        advertise_identity: bool = True,
+        gso: bool | None = None,
         metrics_port: int | None = None,
         metrics_host: str | None = None,
         pcap: str | os.PathLike[str] | None = None,
@@ -174,7 +184,11 @@ class Emulator:
         self.requested_control_port = control_port
         self.engine = SwitchEngine(config)
         self.advertise_ip = advertise_ip
+        # None: the MAC of the interface that holds the address given to workers
         self.switch_mac = switch_mac
+        self.identify_by = identify_by
+        self._advertise_identity = advertise_identity
+        self._gso = gso
         self.port = 0
         self.control_port = 0
         self.sync_service = SyncService()
@@ -222,11 +236,12 @@ class Emulator:
         data plane is bound to one 127/8 address that workers are also given, so
         that a broadcast leaves from the address they expect results from (bound
         to 0.0.0.0 it would leave from 127.0.0.1 whatever address they use).
-        ``SWEMU_BROADCAST=0`` turns it off, and so does a capture (``--pcap``
-        records every worker's copy, as the switch's ports would carry them)."""
+        ``SWEMU_BROADCAST=0`` turns it off, and so do a capture (``--pcap``
+        records every worker's copy, as the switch's ports would carry them) and
+        ``identify_by="ip"`` (p4app-switchML's controller offers no broadcast)."""
         if os.environ.get("SWEMU_BROADCAST", "1") == "0" or not fastio.AVAILABLE:
             return
-        if self._pcap is not None:
+        if self._pcap is not None or self.identify_by != "ip-port":
             return
         try:
             bound = ipaddress.IPv4Address(self.host)
@@ -238,9 +253,15 @@ class Emulator:
         self.engine.broadcast_ports = hold_broadcast_port
 
     async def start(self) -> None:
-        """Bind the ports, compile the kernels and start serving."""
+        """Compile the kernels, then bind the ports and start serving.
+
+        Every kernel is compiled (or loaded from Numba's cache: 30-50 s when it is
+        cold) before any port is bound, so that a client that finds the ports open
+        is answered at once (a p4app-switchML client that registered during the
+        compilation got ``CANCELLED``)."""
         self._loop = asyncio.get_running_loop()
         warmup()
+        dataplane_warmup(self._loop)
         self._sock = bind_udp(self.host, self.requested_port)
         self.port = self._sock.getsockname()[1]
         advice = buffer_advice(receive_buffer(self._sock), SWITCH_BUFFER_BYTES, "the emulator")
@@ -249,16 +270,20 @@ class Emulator:
         self.started_at = time.monotonic()
         self._enable_broadcast()
         # made before the control plane (which may configure it), started after it
-        self._data = DataPlane(self.engine, self._sock, self._loop)
+        self._data = DataPlane(self.engine, self._sock, self._loop, gso=self._gso)
         try:
             ip = self.advertise_ip or self.data_address[0]
             switch_ipv4 = int(ipaddress.IPv4Address(ip))
+            if self.switch_mac is None:
+                self.switch_mac = interface_mac(self.host, self.advertise_ip)
             session = SessionService(
                 self.engine,
                 switch_ipv4=switch_ipv4,
                 switch_mac=self.switch_mac,
                 clock=self._loop.time,
                 on_register=lambda *_: self._arm_timer(),
+                identify_by=self.identify_by,
+                advertise_identity=self._advertise_identity,
             )
             control = EmulatorControlService(self.snapshot, self.set_faults_handler())
             self._grpc, self.control_port = await start_control_server(

@@ -74,8 +74,8 @@ from .controller import (
     emulator_room,
     table_state,
 )
-from .netutil import SWITCH_BUFFER_BYTES, buffer_advice, receive_buffer
-from .wire import DEFAULT_CONTROL_PORT, DEFAULT_SWITCH_MAC, DEFAULT_UDP_PORT
+from .netutil import SWITCH_BUFFER_BYTES, buffer_advice, interface_mac, receive_buffer
+from .wire import DEFAULT_CONTROL_PORT, DEFAULT_UDP_PORT
 
 if TYPE_CHECKING:
     from .engine import EngineConfig
@@ -613,7 +613,8 @@ class ShardedEmulator:
         control_port: int = DEFAULT_CONTROL_PORT,
         config: EngineConfig | None = None,
         advertise_ip: str | None = None,
-        switch_mac: int = DEFAULT_SWITCH_MAC,
+        switch_mac: int | None = None,
+        identify_by: str = "ip-port",
         metrics_port: int | None = None,
         metrics_host: str | None = None,
         faults: FaultConfig | None = None,
@@ -632,7 +633,8 @@ class ShardedEmulator:
         self.requested_control_port = control_port
         self.config = config or EngineConfig()
         self.advertise_ip = advertise_ip
-        self.switch_mac = switch_mac
+        self.switch_mac = switch_mac  # None: interface_mac() of the address given to workers
+        self.identify_by = identify_by
         self.faults = faults
         self.seed = seed
         self.log_level = log_level
@@ -708,6 +710,8 @@ class ShardedEmulator:
             self.controller = SessionController(self.target)
             ip = self.advertise_ip or self.data_address[0]
             switch_ipv4 = int(ipaddress.IPv4Address(ip))
+            if self.switch_mac is None:
+                self.switch_mac = interface_mac(self.host, self.advertise_ip)
             session = SessionService(
                 self.controller,
                 switch_ipv4=switch_ipv4,
@@ -715,6 +719,7 @@ class ShardedEmulator:
                 data_ports=self.ports,
                 clock=loop.time,
                 commit=self.target.commit,
+                identify_by=self.identify_by,
             )
             control = EmulatorControlService(self.snapshot, self.set_faults)
             self._grpc, self.control_port = await start_control_server(

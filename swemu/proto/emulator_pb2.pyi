@@ -19,7 +19,6 @@ class WorkerStats(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
-
     RANK_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     IP_FIELD_NUMBER: _ClassVar[int]
@@ -30,30 +29,10 @@ class WorkerStats(_message.Message):
     ip: str
     udp_port: int
     counters: _containers.ScalarMap[str, int]
-    def __init__(
-        self,
-        rank: _Optional[int] = ...,
-        registered: _Optional[bool] = ...,
-        ip: _Optional[str] = ...,
-        udp_port: _Optional[int] = ...,
-        counters: _Optional[_Mapping[str, int]] = ...,
-    ) -> None: ...
+    def __init__(self, rank: _Optional[int] = ..., registered: _Optional[bool] = ..., ip: _Optional[str] = ..., udp_port: _Optional[int] = ..., counters: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class JobStats(_message.Message):
-    __slots__ = (
-        "session_id",
-        "index",
-        "num_workers",
-        "size_code",
-        "pool_size",
-        "memory_bytes",
-        "slots_pending",
-        "slots_holding",
-        "last_seen",
-        "counters",
-        "workers",
-        "faults",
-    )
+    __slots__ = ("session_id", "index", "num_workers", "size_code", "pool_size", "memory_bytes", "slots_pending", "slots_holding", "last_seen", "counters", "workers", "faults")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -61,7 +40,6 @@ class JobStats(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
-
     class FaultsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -69,7 +47,6 @@ class JobStats(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
-
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
@@ -94,31 +71,10 @@ class JobStats(_message.Message):
     counters: _containers.ScalarMap[str, int]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerStats]
     faults: _containers.ScalarMap[str, int]
-    def __init__(
-        self,
-        session_id: _Optional[int] = ...,
-        index: _Optional[int] = ...,
-        num_workers: _Optional[int] = ...,
-        size_code: _Optional[int] = ...,
-        pool_size: _Optional[int] = ...,
-        memory_bytes: _Optional[int] = ...,
-        slots_pending: _Optional[_Iterable[int]] = ...,
-        slots_holding: _Optional[_Iterable[int]] = ...,
-        last_seen: _Optional[float] = ...,
-        counters: _Optional[_Mapping[str, int]] = ...,
-        workers: _Optional[_Iterable[_Union[WorkerStats, _Mapping]]] = ...,
-        faults: _Optional[_Mapping[str, int]] = ...,
-    ) -> None: ...
+    def __init__(self, session_id: _Optional[int] = ..., index: _Optional[int] = ..., num_workers: _Optional[int] = ..., size_code: _Optional[int] = ..., pool_size: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., slots_pending: _Optional[_Iterable[int]] = ..., slots_holding: _Optional[_Iterable[int]] = ..., last_seen: _Optional[float] = ..., counters: _Optional[_Mapping[str, int]] = ..., workers: _Optional[_Iterable[_Union[WorkerStats, _Mapping]]] = ..., faults: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class Limits(_message.Message):
-    __slots__ = (
-        "pool_size",
-        "max_workers",
-        "max_jobs",
-        "max_pool_memory",
-        "idle_timeout",
-        "evict_after",
-    )
+    __slots__ = ("pool_size", "max_workers", "max_jobs", "max_pool_memory", "idle_timeout", "evict_after")
     POOL_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_WORKERS_FIELD_NUMBER: _ClassVar[int]
     MAX_JOBS_FIELD_NUMBER: _ClassVar[int]
@@ -131,34 +87,10 @@ class Limits(_message.Message):
     max_pool_memory: int
     idle_timeout: float
     evict_after: float
-    def __init__(
-        self,
-        pool_size: _Optional[int] = ...,
-        max_workers: _Optional[int] = ...,
-        max_jobs: _Optional[int] = ...,
-        max_pool_memory: _Optional[int] = ...,
-        idle_timeout: _Optional[float] = ...,
-        evict_after: _Optional[float] = ...,
-    ) -> None: ...
+    def __init__(self, pool_size: _Optional[int] = ..., max_workers: _Optional[int] = ..., max_jobs: _Optional[int] = ..., max_pool_memory: _Optional[int] = ..., idle_timeout: _Optional[float] = ..., evict_after: _Optional[float] = ...) -> None: ...
 
 class Stats(_message.Message):
-    __slots__ = (
-        "timestamp",
-        "uptime",
-        "counters",
-        "released",
-        "memory_in_use",
-        "max_pool_memory",
-        "jobs",
-        "data_plane",
-        "data_address",
-        "control_address",
-        "limits",
-        "faults",
-        "fault_configs",
-        "capture",
-        "version",
-    )
+    __slots__ = ("timestamp", "uptime", "counters", "released", "memory_in_use", "max_pool_memory", "jobs", "data_plane", "data_address", "control_address", "limits", "faults", "fault_configs", "capture", "version")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -166,7 +98,6 @@ class Stats(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
-
     class ReleasedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -174,7 +105,6 @@ class Stats(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
-
     class DataPlaneEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -182,7 +112,6 @@ class Stats(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
-
     class FaultsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -190,7 +119,6 @@ class Stats(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
-
     class CaptureEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -198,7 +126,6 @@ class Stats(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
-
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     UPTIME_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
@@ -229,37 +156,10 @@ class Stats(_message.Message):
     fault_configs: _containers.RepeatedCompositeFieldContainer[FaultConfig]
     capture: _containers.ScalarMap[str, int]
     version: str
-    def __init__(
-        self,
-        timestamp: _Optional[float] = ...,
-        uptime: _Optional[float] = ...,
-        counters: _Optional[_Mapping[str, int]] = ...,
-        released: _Optional[_Mapping[str, int]] = ...,
-        memory_in_use: _Optional[int] = ...,
-        max_pool_memory: _Optional[int] = ...,
-        jobs: _Optional[_Iterable[_Union[JobStats, _Mapping]]] = ...,
-        data_plane: _Optional[_Mapping[str, int]] = ...,
-        data_address: _Optional[str] = ...,
-        control_address: _Optional[str] = ...,
-        limits: _Optional[_Union[Limits, _Mapping]] = ...,
-        faults: _Optional[_Mapping[str, int]] = ...,
-        fault_configs: _Optional[_Iterable[_Union[FaultConfig, _Mapping]]] = ...,
-        capture: _Optional[_Mapping[str, int]] = ...,
-        version: _Optional[str] = ...,
-    ) -> None: ...
+    def __init__(self, timestamp: _Optional[float] = ..., uptime: _Optional[float] = ..., counters: _Optional[_Mapping[str, int]] = ..., released: _Optional[_Mapping[str, int]] = ..., memory_in_use: _Optional[int] = ..., max_pool_memory: _Optional[int] = ..., jobs: _Optional[_Iterable[_Union[JobStats, _Mapping]]] = ..., data_plane: _Optional[_Mapping[str, int]] = ..., data_address: _Optional[str] = ..., control_address: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., faults: _Optional[_Mapping[str, int]] = ..., fault_configs: _Optional[_Iterable[_Union[FaultConfig, _Mapping]]] = ..., capture: _Optional[_Mapping[str, int]] = ..., version: _Optional[str] = ...) -> None: ...
 
 class FaultConfig(_message.Message):
-    __slots__ = (
-        "session_id",
-        "loss_in",
-        "loss_out",
-        "duplicate",
-        "reorder_ms",
-        "delay_ms",
-        "seed",
-        "worker",
-        "link_gbps",
-    )
+    __slots__ = ("session_id", "loss_in", "loss_out", "duplicate", "reorder_ms", "delay_ms", "seed", "worker", "link_gbps")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     LOSS_IN_FIELD_NUMBER: _ClassVar[int]
     LOSS_OUT_FIELD_NUMBER: _ClassVar[int]
@@ -278,15 +178,4 @@ class FaultConfig(_message.Message):
     seed: int
     worker: int
     link_gbps: float
-    def __init__(
-        self,
-        session_id: _Optional[int] = ...,
-        loss_in: _Optional[float] = ...,
-        loss_out: _Optional[float] = ...,
-        duplicate: _Optional[float] = ...,
-        reorder_ms: _Optional[float] = ...,
-        delay_ms: _Optional[float] = ...,
-        seed: _Optional[int] = ...,
-        worker: _Optional[int] = ...,
-        link_gbps: _Optional[float] = ...,
-    ) -> None: ...
+    def __init__(self, session_id: _Optional[int] = ..., loss_in: _Optional[float] = ..., loss_out: _Optional[float] = ..., duplicate: _Optional[float] = ..., reorder_ms: _Optional[float] = ..., delay_ms: _Optional[float] = ..., seed: _Optional[int] = ..., worker: _Optional[int] = ..., link_gbps: _Optional[float] = ...) -> None: ...

@@ -7,6 +7,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class WorkerIdentity(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    IDENTITY_UNKNOWN: _ClassVar[WorkerIdentity]
+    IDENTITY_IP_PORT: _ClassVar[WorkerIdentity]
+    IDENTITY_IP: _ClassVar[WorkerIdentity]
+
 class PacketSize(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     MTU_128: _ClassVar[PacketSize]
@@ -17,7 +23,9 @@ class PacketSize(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EMU_4096: _ClassVar[PacketSize]
     EMU_8192: _ClassVar[PacketSize]
     EMU_16384: _ClassVar[PacketSize]
-
+IDENTITY_UNKNOWN: WorkerIdentity
+IDENTITY_IP_PORT: WorkerIdentity
+IDENTITY_IP: WorkerIdentity
 MTU_128: PacketSize
 MTU_256: PacketSize
 MTU_512: PacketSize
@@ -28,18 +36,7 @@ EMU_8192: PacketSize
 EMU_16384: PacketSize
 
 class RdmaSessionRequest(_message.Message):
-    __slots__ = (
-        "session_id",
-        "rank",
-        "num_workers",
-        "mac",
-        "ipv4",
-        "rkey",
-        "packet_size",
-        "message_size",
-        "qpns",
-        "psns",
-    )
+    __slots__ = ("session_id", "rank", "num_workers", "mac", "ipv4", "rkey", "packet_size", "message_size", "qpns", "psns")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
@@ -60,19 +57,7 @@ class RdmaSessionRequest(_message.Message):
     message_size: int
     qpns: _containers.RepeatedScalarFieldContainer[int]
     psns: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(
-        self,
-        session_id: _Optional[int] = ...,
-        rank: _Optional[int] = ...,
-        num_workers: _Optional[int] = ...,
-        mac: _Optional[int] = ...,
-        ipv4: _Optional[int] = ...,
-        rkey: _Optional[int] = ...,
-        packet_size: _Optional[_Union[PacketSize, str]] = ...,
-        message_size: _Optional[int] = ...,
-        qpns: _Optional[_Iterable[int]] = ...,
-        psns: _Optional[_Iterable[int]] = ...,
-    ) -> None: ...
+    def __init__(self, session_id: _Optional[int] = ..., rank: _Optional[int] = ..., num_workers: _Optional[int] = ..., mac: _Optional[int] = ..., ipv4: _Optional[int] = ..., rkey: _Optional[int] = ..., packet_size: _Optional[_Union[PacketSize, str]] = ..., message_size: _Optional[int] = ..., qpns: _Optional[_Iterable[int]] = ..., psns: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RdmaSessionResponse(_message.Message):
     __slots__ = ("session_id", "mac", "ipv4", "rkeys", "qpns", "psns")
@@ -88,28 +73,10 @@ class RdmaSessionResponse(_message.Message):
     rkeys: _containers.RepeatedScalarFieldContainer[int]
     qpns: _containers.RepeatedScalarFieldContainer[int]
     psns: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(
-        self,
-        session_id: _Optional[int] = ...,
-        mac: _Optional[int] = ...,
-        ipv4: _Optional[int] = ...,
-        rkeys: _Optional[_Iterable[int]] = ...,
-        qpns: _Optional[_Iterable[int]] = ...,
-        psns: _Optional[_Iterable[int]] = ...,
-    ) -> None: ...
+    def __init__(self, session_id: _Optional[int] = ..., mac: _Optional[int] = ..., ipv4: _Optional[int] = ..., rkeys: _Optional[_Iterable[int]] = ..., qpns: _Optional[_Iterable[int]] = ..., psns: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class UdpSessionRequest(_message.Message):
-    __slots__ = (
-        "session_id",
-        "rank",
-        "num_workers",
-        "mac",
-        "ipv4",
-        "packet_size",
-        "udp_port",
-        "pool_size",
-        "loopback_broadcast",
-    )
+    __slots__ = ("session_id", "rank", "num_workers", "mac", "ipv4", "packet_size", "udp_port", "pool_size", "loopback_broadcast")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
@@ -128,42 +95,25 @@ class UdpSessionRequest(_message.Message):
     udp_port: int
     pool_size: int
     loopback_broadcast: bool
-    def __init__(
-        self,
-        session_id: _Optional[int] = ...,
-        rank: _Optional[int] = ...,
-        num_workers: _Optional[int] = ...,
-        mac: _Optional[int] = ...,
-        ipv4: _Optional[int] = ...,
-        packet_size: _Optional[_Union[PacketSize, str]] = ...,
-        udp_port: _Optional[int] = ...,
-        pool_size: _Optional[int] = ...,
-        loopback_broadcast: _Optional[bool] = ...,
-    ) -> None: ...
+    def __init__(self, session_id: _Optional[int] = ..., rank: _Optional[int] = ..., num_workers: _Optional[int] = ..., mac: _Optional[int] = ..., ipv4: _Optional[int] = ..., packet_size: _Optional[_Union[PacketSize, str]] = ..., udp_port: _Optional[int] = ..., pool_size: _Optional[int] = ..., loopback_broadcast: _Optional[bool] = ...) -> None: ...
 
 class UdpSessionResponse(_message.Message):
-    __slots__ = ("session_id", "mac", "ipv4", "data_ports", "broadcast_port", "emulator")
+    __slots__ = ("session_id", "mac", "ipv4", "data_ports", "broadcast_port", "emulator", "worker_identity")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MAC_FIELD_NUMBER: _ClassVar[int]
     IPV4_FIELD_NUMBER: _ClassVar[int]
     DATA_PORTS_FIELD_NUMBER: _ClassVar[int]
     BROADCAST_PORT_FIELD_NUMBER: _ClassVar[int]
     EMULATOR_FIELD_NUMBER: _ClassVar[int]
+    WORKER_IDENTITY_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     mac: int
     ipv4: int
     data_ports: _containers.RepeatedScalarFieldContainer[int]
     broadcast_port: int
     emulator: EmulatorInfo
-    def __init__(
-        self,
-        session_id: _Optional[int] = ...,
-        mac: _Optional[int] = ...,
-        ipv4: _Optional[int] = ...,
-        data_ports: _Optional[_Iterable[int]] = ...,
-        broadcast_port: _Optional[int] = ...,
-        emulator: _Optional[_Union[EmulatorInfo, _Mapping]] = ...,
-    ) -> None: ...
+    worker_identity: WorkerIdentity
+    def __init__(self, session_id: _Optional[int] = ..., mac: _Optional[int] = ..., ipv4: _Optional[int] = ..., data_ports: _Optional[_Iterable[int]] = ..., broadcast_port: _Optional[int] = ..., emulator: _Optional[_Union[EmulatorInfo, _Mapping]] = ..., worker_identity: _Optional[_Union[WorkerIdentity, str]] = ...) -> None: ...
 
 class EmulatorInfo(_message.Message):
     __slots__ = ("packet_size",)
@@ -181,13 +131,7 @@ class ReleaseRequest(_message.Message):
     rank: int
     ipv4: int
     udp_port: int
-    def __init__(
-        self,
-        session_id: _Optional[int] = ...,
-        rank: _Optional[int] = ...,
-        ipv4: _Optional[int] = ...,
-        udp_port: _Optional[int] = ...,
-    ) -> None: ...
+    def __init__(self, session_id: _Optional[int] = ..., rank: _Optional[int] = ..., ipv4: _Optional[int] = ..., udp_port: _Optional[int] = ...) -> None: ...
 
 class ReleaseResponse(_message.Message):
     __slots__ = ("freed", "remaining", "found")
@@ -197,12 +141,7 @@ class ReleaseResponse(_message.Message):
     freed: bool
     remaining: int
     found: bool
-    def __init__(
-        self,
-        freed: _Optional[bool] = ...,
-        remaining: _Optional[int] = ...,
-        found: _Optional[bool] = ...,
-    ) -> None: ...
+    def __init__(self, freed: _Optional[bool] = ..., remaining: _Optional[int] = ..., found: _Optional[bool] = ...) -> None: ...
 
 class SwitchInfoRequest(_message.Message):
     __slots__ = ()
@@ -214,9 +153,7 @@ class BarrierRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     num_workers: int
     session_id: int
-    def __init__(
-        self, num_workers: _Optional[int] = ..., session_id: _Optional[int] = ...
-    ) -> None: ...
+    def __init__(self, num_workers: _Optional[int] = ..., session_id: _Optional[int] = ...) -> None: ...
 
 class BarrierResponse(_message.Message):
     __slots__ = ()
@@ -234,14 +171,7 @@ class BroadcastRequest(_message.Message):
     num_workers: int
     root: int
     session_id: int
-    def __init__(
-        self,
-        value: _Optional[int] = ...,
-        rank: _Optional[int] = ...,
-        num_workers: _Optional[int] = ...,
-        root: _Optional[int] = ...,
-        session_id: _Optional[int] = ...,
-    ) -> None: ...
+    def __init__(self, value: _Optional[int] = ..., rank: _Optional[int] = ..., num_workers: _Optional[int] = ..., root: _Optional[int] = ..., session_id: _Optional[int] = ...) -> None: ...
 
 class BroadcastResponse(_message.Message):
     __slots__ = ("value",)
