@@ -595,6 +595,7 @@ async def test_capture_of_a_real_switch_on_any_port(tmp_path: Path) -> None:
                 packet_size=0,
                 window=4,
                 no_progress=60,
+                release=False,
             ) as ctx:
                 for _ in range(calls):
                     np.testing.assert_array_equal(await ctx.allreduce(x * (rank + 1)), x * 6)
