@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,7 @@ __all__ = [
     "aconnect",
     "connect",
     "from_env",
+    "switch_env_options",
 ]
 
 ENV_PREFIX = "SWITCHML_"
@@ -210,34 +212,56 @@ def _kwargs(local: dict[str, Any]) -> dict[str, Any]:
     return dict(local)
 
 
-def env_options(environ: dict[str, str] | None = None) -> dict[str, Any]:
+def switch_env_options(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The switch's connection arguments from ``SWITCHML_*`` variables alone (no
+    rank, world size or session id): SWITCHML_SWITCH, SWITCHML_CONTROL,
+    SWITCHML_PACKET_SIZE, SWITCHML_WINDOW, SWITCHML_NO_PROGRESS,
+    SWITCHML_CONNECT_TIMEOUT, SWITCHML_JOIN_TIMEOUT and SWITCHML_RELEASE (0: leave
+    the job on the switch when closing). Unset or empty variables are left out, so
+    that :func:`connect`'s defaults apply. Shared by :func:`env_options` and the
+    ``switchml`` torch.distributed backend (:mod:`hostlib.torch_backend`)."""
+    env = os.environ if environ is None else environ
+
+    def get(name: str, kind: type) -> Any:
+        text = env.get(ENV_PREFIX + name, "").strip()
+        if not text:
+            return None
+        try:
+            return kind(text)
+        except ValueError:
+            raise SwitchMLError(
+                f"{ENV_PREFIX}{name}={text!r} is not a valid {kind.__name__}"
+            ) from None
+
+    out = {
+        "switch": env.get(ENV_PREFIX + "SWITCH") or None,
+        "control": env.get(ENV_PREFIX + "CONTROL") or None,
+        "packet_size": get("PACKET_SIZE", int),
+        "window": get("WINDOW", int),
+        "no_progress": get("NO_PROGRESS", float),
+        "connect_timeout": get("CONNECT_TIMEOUT", float),
+        "join_timeout": get("JOIN_TIMEOUT", float),
+        "release": env.get(ENV_PREFIX + "RELEASE", "1") != "0",
+    }
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def env_options(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Connection arguments from the environment ``switchml run`` sets:
-    RANK, WORLD_SIZE (as torchrun), SWITCHML_SWITCH, SWITCHML_CONTROL,
-    SWITCHML_SESSION_ID, SWITCHML_PACKET_SIZE, SWITCHML_WINDOW, SWITCHML_NO_PROGRESS,
-    SWITCHML_RELEASE (0: leave the job on the switch when closing)."""
+    RANK, WORLD_SIZE (as torchrun), SWITCHML_SESSION_ID and the variables of
+    :func:`switch_env_options`."""
     env = os.environ if environ is None else environ
     if "RANK" not in env or "WORLD_SIZE" not in env:
         raise SwitchMLError(
             "RANK and WORLD_SIZE are not set: start this program with "
             "`switchml run --workers N -- python ...`"
         )
-
-    def num(name: str) -> int | None:
-        v = env.get(ENV_PREFIX + name)
-        return int(v) if v else None
-
+    session = env.get(ENV_PREFIX + "SESSION_ID")
     return {
         "rank": int(env["RANK"]),
         "world_size": int(env["WORLD_SIZE"]),
-        "switch": env.get(ENV_PREFIX + "SWITCH") or None,
-        "control": env.get(ENV_PREFIX + "CONTROL") or None,
-        "session_id": num("SESSION_ID"),
-        "packet_size": num("PACKET_SIZE"),
-        "window": num("WINDOW"),
-        "no_progress": float(env[ENV_PREFIX + "NO_PROGRESS"])
-        if env.get(ENV_PREFIX + "NO_PROGRESS")
-        else None,
-        "release": env.get(ENV_PREFIX + "RELEASE", "1") != "0",
+        "session_id": int(session) if session else None,
+        **switch_env_options(env),
     }
 
 

@@ -33,7 +33,12 @@ non-finite value"; when any rank did, every rank's result is all NaN, which
 ``torch.amp.GradScaler`` detects as usual. It costs one packet and one copy of
 the bucket per call.
 
-This module is the only one in :mod:`hostlib` that imports torch.
+Importing this module also registers the ``switchml`` torch.distributed backend
+(:mod:`hostlib.torch_backend`): ``dist.init_process_group("switchml")`` makes every
+DDP allreduce go through the switch with no hook, overlapping backward.
+
+This module and :mod:`hostlib.torch_backend` are the only ones in :mod:`hostlib`
+that import torch.
 """
 
 # No ``from __future__ import annotations`` here: DDP inspects the hook's
@@ -47,6 +52,8 @@ import torch.distributed as dist
 
 from swemu import wire
 
+from . import torch_backend
+
 if TYPE_CHECKING:
     from torch.nn.parallel import DistributedDataParallel
 
@@ -58,6 +65,8 @@ __all__ = [
     "register_switchml_hook",
     "switchml_hook",
 ]
+
+torch_backend.register()  # dist.init_process_group("switchml")
 
 #: floating types the hook accepts; all but float32 are converted for the wire
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
