@@ -4,8 +4,10 @@ Without a command, each worker allreduces deterministic inputs, checks every
 result against the exact sum (float32: within the block floating point bound)
 and the launcher prints per-iteration time and goodput, a table row as each
 iteration finishes. With ``-- CMD ...`` it starts N copies of the user's program
-with RANK, WORLD_SIZE, LOCAL_RANK and SWITCHML_* set, so the program can call
-``hostlib.from_env()``.
+with what torchrun would set (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+GROUP_RANK, ROLE_RANK, MASTER_ADDR and a free MASTER_PORT, OMP_NUM_THREADS=1
+unless set) and SWITCHML_* naming the switch, so the program can call
+``hostlib.from_env()`` or ``dist.init_process_group("switchml")``.
 
 Start-up: the local emulator and one warm-up process (``cli._worker
 --warm-up``) start side by side; each compiles its kernels, or loads them from
@@ -396,13 +398,14 @@ def _launch(
     from ._worker import ITER_PREFIX, RESULT_PREFIX
 
     session = random.getrandbits(62) | 1
+    launcher = _torchrun_env(workers)
     procs = []
     for rank in range(workers):
         env = child_env(
+            **launcher,
             RANK=str(rank),
-            WORLD_SIZE=str(workers),
             LOCAL_RANK=str(rank),
-            LOCAL_WORLD_SIZE=str(workers),
+            ROLE_RANK=str(rank),
             SWITCHML_SWITCH=switch,
             SWITCHML_CONTROL=control,
             SWITCHML_SESSION_ID=str(session),
@@ -470,6 +473,34 @@ def _launch(
             why = reports.get(rank, {}).get("error")
             failed.append(f"rank {rank} (exit {p.returncode}{': ' + why if why else ''})")
     return failed
+
+
+def _torchrun_env(workers: int) -> dict[str, str]:
+    """What torchrun sets for every rank of a one-machine job, but the rank
+    itself: the world, a rendezvous on a free loopback port (rank 0's
+    ``init_process_group`` serves the store there) and one OpenMP thread per
+    process unless the user chose otherwise."""
+    import os
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {
+        "WORLD_SIZE": str(workers),
+        "LOCAL_WORLD_SIZE": str(workers),
+        "ROLE_WORLD_SIZE": str(workers),
+        "GROUP_RANK": "0",
+        "GROUP_WORLD_SIZE": "1",
+        "ROLE_NAME": "default",
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        env["OMP_NUM_THREADS"] = "1"
+    return env
 
 
 def _row(it: int, per: list[dict], size: int, workers: int) -> dict:

@@ -12,6 +12,7 @@ the emulator's counters.
 """
 
 # No ``from __future__ import annotations``: DDP inspects hook annotations.
+import faulthandler
 import hashlib
 import json
 import os
@@ -247,6 +248,8 @@ def _fresh():
 
 def main() -> int:
     out_dir = Path(sys.argv[1])
+    # a hang ends with every thread's stack on stderr, well before the test's timeout
+    faulthandler.dump_traceback_later(float(os.environ.get("HANG_DUMP_AFTER", "150")), exit=True)
     torch.set_num_threads(1)
     t0 = time.monotonic()
     dist.init_process_group("switchml")
@@ -255,6 +258,7 @@ def main() -> int:
     if "--init-only" not in sys.argv:
         checks(out, rank, size)
     dist.destroy_process_group()
+    faulthandler.cancel_dump_traceback_later()
     out["total_s"] = time.monotonic() - t0
     (out_dir / f"rank{rank}.json").write_text(json.dumps(out, default=str))
     return 0
