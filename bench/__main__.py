@@ -87,6 +87,18 @@ def main(argv: list[str] | None = None) -> int:
         help="also measure IP identity with a port per worker (the slow path)",
     )
     i.add_argument("--out", type=Path, default=Path("bench/results"))
+    ov = sub.add_parser("overlap", help="DDP step time, switchml backend: overlap on vs off")
+    ov.add_argument("--workers", type=int, default=2)
+    ov.add_argument("--hidden", type=int, default=768, help="width of the MLP's square layers")
+    ov.add_argument("--layers", type=int, default=8)
+    ov.add_argument("--batch", type=int, default=384)
+    ov.add_argument("--steps", type=int, default=4, help="steps per mode per round")
+    ov.add_argument("--rounds", type=int, default=6, help="interleaved rounds of every mode")
+    ov.add_argument("--bucket-mb", type=float, default=2.0, help="DDP's bucket_cap_mb")
+    ov.add_argument(
+        "--link-gbps", type=float, default=1.0, help="switch-to-worker link rate (0: unlimited)"
+    )
+    ov.add_argument("--out", type=Path, default=Path("bench/results"))
     args = p.parse_args(argv)
 
     if args.what == "allreduce":
@@ -159,6 +171,27 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "loss.json").write_text(json.dumps(data, indent=2))
         (args.out / "loss.md").write_text(loss.markdown(data))
         print(loss.markdown(data))
+        return 0
+    if args.what == "overlap":
+        from cli.extras import require
+
+        require("torch", "python -m bench overlap")
+        from . import overlap
+
+        data = overlap.run(
+            args.workers,
+            args.hidden,
+            args.layers,
+            args.batch,
+            args.steps,
+            args.rounds,
+            args.bucket_mb,
+            args.link_gbps,
+            log=lambda m: print(m, file=sys.stderr),
+        )
+        paths = overlap.write_outputs(data, args.out)
+        print(overlap.markdown(data))
+        print("written: " + ", ".join(map(str, paths)), file=sys.stderr)
         return 0
     if args.what == "identity":
         from . import identity

@@ -103,3 +103,23 @@ def test_soak_benchmark_smoke():
     assert all(s["rss"] > 0 for s in data["rss"])
     assert data["live_jobs_at_end"] == 0 and data["released"]["explicit"] == 4
     assert "| 4 |" in markdown(data)
+
+
+def test_overlap_benchmark_smoke(tmp_path, capsys):
+    """``python -m bench overlap`` at toy sizes: every mode timed on every step,
+    the table printed, the JSON and markdown written."""
+    pytest.importorskip("torch")
+    from bench.__main__ import main
+    from bench.overlap import MODES
+
+    argv = ["overlap", "--hidden", "64", "--layers", "2", "--batch", "4", "--steps", "1"]
+    argv += ["--rounds", "2", "--bucket-mb", "0.01", "--link-gbps", "0", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    assert "| overlap on |" in table and "| overlap off |" in table
+    assert "overlap off / on:" in table
+    data = json.loads((tmp_path / "overlap.json").read_text())
+    assert [r["mode"] for r in data["rows"]] == ["forward", *MODES]
+    assert all(r["steps"] == 2 and r["median_s"] > 0 for r in data["rows"])
+    assert data["buckets"] >= 2 and data["ratio_off_on"] > 0
+    assert (tmp_path / "overlap.md").read_text().strip() == table.strip()
