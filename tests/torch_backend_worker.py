@@ -167,8 +167,19 @@ def checks(out: dict, rank: int, size: int) -> None:
         p2p = float(r[0])
     else:
         p2p = 42.0
+    red = torch.full((4,), float(rank + 1))
+    dist.reduce(red, dst=0)
+    scattered = torch.zeros(2)
+    dist.scatter(
+        scattered, [torch.full((2,), 10.0 * k) for k in range(size)] if rank == 0 else None
+    )
+    rs = torch.zeros(2, dtype=torch.int32)
+    dist.reduce_scatter_tensor(rs, torch.arange(2 * size, dtype=torch.int32))
     after = world.switchml_stats()
     out["delegated"] = {
+        "reduce": float(red[0]) if rank == 0 else None,
+        "scatter": scattered.tolist(),
+        "reduce_scatter": rs.tolist(),
         "broadcast": b.tolist(),
         "all_gather": [g.tolist() for g in gathered],
         "max": float(mx[0]),
