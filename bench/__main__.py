@@ -35,7 +35,27 @@ def main(argv: list[str] | None = None) -> int:
         default="float32",
         help="int32: exact sums, no quantization (the transport's own cost)",
     )
+    a.add_argument(
+        "--neighbour",
+        choices=["off", "on", "both"],
+        default="off",
+        help="a CPU-bound neighbour process during every method's calls "
+        "(both: every repetition quiet and loaded)",
+    )
     a.add_argument("--out", type=Path, default=Path("bench/results"))
+    g = sub.add_parser(
+        "gloo-baseline", help="gloo alone under the old harness's conditions and without each"
+    )
+    g.add_argument("--workers", type=int, default=4)
+    g.add_argument("--size", type=_list(None), default=[64 << 20])
+    g.add_argument("--code", type=int, default=6, help="SwitchML's size code between gloo's calls")
+    g.add_argument("--rounds", type=int, default=9)
+    g.add_argument(
+        "--no-matrix",
+        action="store_true",
+        help="leave out the old harness's whole matrix (sizes 1/16 MiB, codes 1, 3, 6, 7)",
+    )
+    g.add_argument("--out", type=Path, default=Path("bench/results"))
     lo = sub.add_parser("loss", help="goodput under injected loss vs lossless")
     lo.add_argument(
         "--levels",
@@ -117,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             log=lambda m: print(m, file=sys.stderr),
             shards=args.shards,
             dtype=args.dtype,
+            neighbour=args.neighbour,
         )
         paths = write_outputs(data, args.out)
         print(markdown(data))
@@ -124,6 +145,25 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import json
 
+    if args.what == "gloo-baseline":
+        from cli.extras import require
+
+        require("torch", "python -m bench gloo-baseline")
+        from . import gloo_baseline
+
+        data = gloo_baseline.run(
+            args.workers,
+            args.size[0],
+            args.code,
+            args.rounds,
+            log=lambda m: print(m, file=sys.stderr),
+            matrix=not args.no_matrix,
+        )
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "gloo_baseline.json").write_text(json.dumps(data, indent=2))
+        (args.out / "gloo_baseline.md").write_text(gloo_baseline.markdown(data))
+        print(gloo_baseline.markdown(data))
+        return 0
     if args.what == "firstrun":
         from . import firstrun
 

@@ -1,13 +1,29 @@
 """Allreduce benchmark: SwitchML through the emulator vs gloo ring vs a parameter server.
 
-For each world size W one group of W worker processes is started. Every worker
-joins one SwitchML job per packet size code (through one emulator process) and
-one torch.distributed gloo group, then executes the driver's commands: the
-methods run interleaved in the same invocation (for each repetition, for each
-size, every method once), each timed call preceded by a barrier so that the
-workers start together. A call's time is the slowest worker's; the report is
-the median over repetitions, and every method's ratio to gloo's ring
-``all_reduce`` of the same size in the same run.
+Each method is measured under the conditions a user would give it alone, and the
+methods take turns in one invocation, so the machine's noise hits them alike:
+
+* For each world size W two groups of W worker processes are started: one
+  joins a SwitchML job per packet size code (through one emulator process),
+  the other only a ``torch.distributed`` gloo group. A group waits on its pipe
+  (no CPU) while the other one works, and the emulator is stopped (``SIGSTOP``,
+  it and its shard processes) during gloo's and the parameter server's calls:
+  nothing of SwitchML's runs or polls while gloo is timed.
+* Every call gets the same input: ``hostlib.testdata``'s (rank r sends
+  ``(r + 1) * base``; no subnormals), copied into gloo's tensor before each call
+  (gloo sums in place, so a reused tensor would grow W-fold per call), and
+  never modified by SwitchML (it writes a separate output array that is
+  allocated once per size, as a training loop's would be).
+* Each timed call is preceded by a barrier of the method's own kind (gloo's
+  ``barrier``; for SwitchML a one-element allreduce through the same job): the
+  clock starts when the worker leaves it, stops when the call returns, and a
+  call's time is the slowest worker's. Nothing else is timed (no copy, no check).
+* For each repetition, for each size, every method runs once; the order of the
+  methods alternates between repetitions. The report is the median over
+  repetitions, and every method's ratio to gloo's ring ``all_reduce`` of the
+  same size in the same run.
+
+Methods:
 
 * ``switchml-<code>``: ``hostlib`` allreduce through the emulator (float32 by
   default; ``--dtype int32`` sends exact integers, no quantization: the
@@ -18,31 +34,44 @@ the median over repetitions, and every method's ratio to gloo's ring
 ``--shards S`` starts the emulator with ``serve --shards S`` (S data-plane
 processes; the workers spread their slots over the S ports), to compare 1 vs 2.
 
+``--neighbour on`` runs a CPU-bound neighbour process (a busy Python loop, nice 0)
+during every method's calls; ``--neighbour both`` measures every repetition
+quiet and loaded (the neighbour stopped and running, alternately), and reports
+each method's ratio to gloo in both conditions and how much the ratio grows
+under load.
+
 CPU is reported next to time: per call, the CPU time of all W workers (their
 processes, every thread) plus the emulator's (all its threads and shard
-processes, from ``/proc``; Linux only), as a median over repetitions and as a
-ratio to gloo's. On a machine with fewer cores than processes every method is
-CPU-bound, and the time ratio follows the CPU ratio; where it does not, the
-difference is waiting (scheduling, timeouts).
+processes, from ``/proc``; Linux only; zero during gloo's calls, since it is
+stopped), as a median over repetitions and as a ratio to gloo's. On a machine
+with fewer cores than processes every method is CPU-bound, and the time ratio
+follows the CPU ratio; where it does not, the difference is waiting
+(scheduling, timeouts).
 
 Memory is reported too: the emulator's RSS before and after the run (it must not
 grow with tensor size or traffic) and each worker's peak RSS next to its
-tensors' size.
+tensors' size. The load average before and after the run goes into the report.
 
 Run: ``python -m bench allreduce [--workers 2,4,8] [--sizes 1Mi,16Mi,64Mi]
-[--codes 1,3,6,7] [--reps 5] [--shards 1] [--dtype float32] [--out DIR]``.
+[--codes 1,3,6,7] [--reps 5] [--shards 1] [--dtype float32] [--neighbour off]
+[--out DIR]``. Why the gloo baseline is measured this way (and what the earlier
+harness got wrong): ``python -m bench gloo-baseline`` (:mod:`bench.gloo_baseline`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing as mp
 import os
 import resource
+import signal
 import socket
 import statistics
+import subprocess
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +79,12 @@ import numpy as np
 
 GLOO = "gloo"
 PS = "ps"
+#: how a gloo call's input is prepared: FRESH copies the test input into the
+#: tensor before every call (the benchmark); INPLACE reuses one tensor that
+#: gloo's in-place sum grows W-fold per call (the old harness); RANDN copies a
+#: random-normal input before every call (a plain script's)
+FRESH, INPLACE, RANDN = "fresh", "inplace", "randn"
+QUIET, LOADED = "quiet", "loaded"
 
 
 def _free_port() -> int:
@@ -60,7 +95,7 @@ def _free_port() -> int:
     return port
 
 
-def _cpu_seconds(pids: list[int]) -> float | None:
+def _cpu_seconds(pids: Sequence[int]) -> float | None:
     """CPU time used so far by these processes, all threads (``/proc``, ns
     resolution); None where ``/proc`` has no schedstat or a process is gone."""
     total = 0
@@ -96,6 +131,56 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+@contextlib.contextmanager
+def stopped(pids: Sequence[int]) -> Iterator[None]:
+    """Stop these processes (``SIGSTOP``) for the duration of the block, so that
+    they take no CPU at all, then let them go on (``SIGCONT``). Used to keep the
+    emulator off the CPUs while gloo is timed; its timers catch up afterwards."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+class Neighbour:
+    """A CPU-bound neighbour: one process spinning a Python loop at nice 0,
+    stopped (``SIGSTOP``) while the machine is to be quiet. Use as a context
+    manager; :meth:`load` switches it on and off."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> Neighbour:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "while True: pass"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+        )
+        self.load(False)
+        return self
+
+    def load(self, on: bool) -> None:
+        """Run the neighbour (True) or stop it (False)."""
+        if self.proc is not None:
+            os.kill(self.proc.pid, signal.SIGCONT if on else signal.SIGSTOP)
+
+    def cpu_seconds(self) -> float | None:
+        return _cpu_seconds([self.proc.pid]) if self.proc is not None else None
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGCONT)  # a stopped process dies on SIGCONT
+            self.proc.wait(10)
+            self.proc = None
+
+
 def _worker(
     rank: int,
     w: int,
@@ -106,17 +191,23 @@ def _worker(
 ) -> None:
     """A benchmark worker: joins every SwitchML target ``(name, switch, control,
     size code)`` and, with ``master``, a gloo group; then runs the driver's
-    commands ``(method, bytes)`` and answers each with (time, retransmissions,
-    CPU time of this process, verdict).
+    commands ``(method, bytes[, input mode])`` and answers each with (time,
+    retransmissions, CPU time of this process, verdict).
+
+    Before each timed call the workers line up: through gloo's ``barrier`` for
+    gloo's methods, through a one-element allreduce of the same SwitchML job
+    for SwitchML's. Only the call itself is timed.
 
     The inputs are :mod:`hostlib.testdata`'s (rank r sends ``(r + 1) * base``),
     so each worker checks its result on its own: the first call of every
-    (method, size) is checked after it is timed (exact for int32 and for gloo,
-    whose float32 sums of these inputs are exact too; within PROTOCOL.md §4's
-    bound for SwitchML's float32). The verdict is True or False then, and None
-    for later calls (gloo sums in place, so its tensor keeps growing)."""
+    (method, size, mode) is checked after it is timed (exact for int32 and for
+    gloo, whose float32 sums of these inputs are exact too; within
+    PROTOCOL.md §4's bound for SwitchML's float32). The verdict is True or
+    False then, and None for later calls and for inputs that cannot be checked
+    (:data:`INPLACE`, :data:`RANDN`). Input modes are those of gloo's tensor
+    (:data:`FRESH` unless said); SwitchML reads its input and writes a separate
+    output, so its input is the same at every call."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import hostlib
     from hostlib import testdata
 
     dist = torch = None
@@ -130,33 +221,54 @@ def _worker(
         )
     ctxs = {}
     nvals = {name: 32 << code for name, _, _, code in targets}
-    checked: set[tuple[str, int]] = set()
-    for name, switch, control, code in targets:
-        ctxs[name] = hostlib.connect(
-            switch, control, rank=rank, world_size=w, packet_size=code, no_progress=60.0
-        ).open()
-        ctxs[name].allreduce(np.ones(4096, dtype))  # warm up kernels and the path
+    if targets:
+        import hostlib
+
+        for name, switch, control, code in targets:
+            ctxs[name] = hostlib.connect(
+                switch, control, rank=rank, world_size=w, packet_size=code, no_progress=60.0
+            ).open()
+            ctxs[name].allreduce(np.ones(4096, dtype))  # warm up kernels and the path
     conn.send("ready")
-    arrays: dict[int, tuple] = {}
+    # per size, made when first needed and kept: the test input, SwitchML's
+    # output, gloo's tensor, a random-normal input, the tensor reused in place
+    arrays: dict[tuple[str, int], Any] = {}
+
+    def array(kind: str, nbytes: int) -> Any:
+        key = (kind, nbytes)
+        if key not in arrays:
+            if kind == "x":
+                arrays[key] = testdata.worker_input(rank, nbytes // 4, 0, dtype)
+            elif kind == "out":
+                arrays[key] = np.zeros_like(array("x", nbytes))  # touched: no page faults
+            elif kind == "randn":
+                rng = np.random.default_rng(rank)
+                arrays[key] = torch.from_numpy(rng.standard_normal(nbytes // 4, np.float32))
+            elif kind == "t":
+                arrays[key] = torch.from_numpy(array("x", nbytes).copy())
+            else:  # INPLACE: initialised once, then left to gloo's in-place sums
+                arrays[key] = torch.from_numpy(array("x", nbytes).copy())
+        return arrays[key]
+
     tick = np.zeros(1, np.int32)
-    first = next(iter(ctxs.values()), None)
+    checked: set[tuple] = set()
     while True:
         cmd = conn.recv()
         if cmd is None:
             break
-        method, nbytes = cmd
-        if nbytes not in arrays:
-            arrays.clear()
-            x = testdata.worker_input(rank, nbytes // 4, 0, dtype)
-            t = torch.from_numpy(x.copy()) if torch is not None else None
-            arrays[nbytes] = (x, np.empty_like(x), t)
-        x, out, t = arrays[nbytes]
-        if t is not None and (method, nbytes) not in checked:
-            t.copy_(torch.from_numpy(x))  # gloo and ps share it: a fresh input to check
-        if dist is not None:
-            dist.barrier()
+        method, nbytes = cmd[:2]
+        mode = cmd[2] if len(cmd) > 2 else FRESH
+        x = array("x", nbytes)
+        if method in ctxs:
+            out = array("out", nbytes)
+            ctxs[method].allreduce(tick, out=tick)  # line the workers up through the switch
         else:
-            first.allreduce(tick, out=tick)  # line the workers up through the switch
+            if mode == INPLACE:
+                t = array(INPLACE, nbytes)
+            else:
+                t = array("t", nbytes)
+                t.copy_(array("randn", nbytes) if mode == RANDN else torch.from_numpy(x))
+            dist.barrier()
         c0 = time.process_time()
         t0 = time.perf_counter()
         if method == GLOO:
@@ -170,13 +282,15 @@ def _worker(
         cpu = time.process_time() - c0
         stats = ctxs[method].last_stats if method in ctxs else {}
         verdict = None
-        if (method, nbytes) not in checked:
-            checked.add((method, nbytes))
+        check = cmd[3] if len(cmd) > 3 else (method, nbytes, mode) not in checked
+        if check and mode == FRESH:
+            checked.add((method, nbytes, mode))
             y = out if method in ctxs else t.numpy()
             verdict = testdata.check_result(y, w, 0, nvals.get(method, 256))[0]
         conn.send((dt, stats.get("retransmissions", 0), cpu, verdict))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    conn.send({"peak_rss": peak})
+    grown = [float(v.abs().max()) for (k, _), v in arrays.items() if k == INPLACE]
+    conn.send({"peak_rss": peak, "inplace_max_abs": max(grown, default=None)})
     for c in ctxs.values():
         c.close()
     if dist is not None:
@@ -184,15 +298,22 @@ def _worker(
 
 
 def start_group(
-    w: int, targets: list[tuple[str, str, str, int]], gloo: bool, dtype: str = "float32"
+    w: int,
+    targets: list[tuple[str, str, str, int]],
+    gloo: bool,
+    dtype: str = "float32",
+    target: Any = None,
 ) -> tuple:
-    """Start W benchmark workers; return (pipes, processes) once all are ready."""
+    """Start W benchmark workers (``target``: the worker function, :func:`_worker`
+    unless given); return (pipes, processes) once all are ready."""
     ctx = mp.get_context("spawn")
     master = _free_port() if gloo else None
     pipes, procs = [], []
     for r in range(w):
         a, b = ctx.Pipe()
-        p = ctx.Process(target=_worker, args=(r, w, targets, master, b, dtype), daemon=True)
+        p = ctx.Process(
+            target=target or _worker, args=(r, w, targets, master, b, dtype), daemon=True
+        )
         p.start()
         pipes.append(a)
         procs.append(p)
@@ -203,14 +324,26 @@ def start_group(
     return pipes, procs
 
 
-def run_once(pipes: list, method: str, nbytes: int, switch_pids: list[int] = ()) -> dict:
+def run_once(
+    pipes: list,
+    method: str,
+    nbytes: int,
+    switch_pids: Sequence[int] = (),
+    mode: str | None = None,
+    check: bool | None = None,
+) -> dict:
     """One collective call: the slowest worker's time, the retransmissions and
     CPU seconds of all workers, the CPU seconds the switch used meanwhile
     (None without ``/proc``), and whether every worker's result was right
-    (None if the workers did not check this call)."""
+    (None if the workers did not check this call). ``mode``: how gloo's input
+    is prepared (:data:`FRESH` when None); ``check``: whether the workers check
+    the result (None: the first call of each method, size and mode)."""
     s0 = _cpu_seconds(list(switch_pids))
+    cmd: tuple = (method, nbytes)
+    if mode is not None or check is not None:
+        cmd += (mode or FRESH,) + (() if check is None else (check,))
     for a in pipes:
-        a.send((method, nbytes))
+        a.send(cmd)
     got = [a.recv() for a in pipes]
     s1 = _cpu_seconds(list(switch_pids))
     return {
@@ -222,14 +355,20 @@ def run_once(pipes: list, method: str, nbytes: int, switch_pids: list[int] = ())
     }
 
 
-def stop_group(pipes: list, procs: list) -> int:
-    """Stop the workers; return their largest peak RSS."""
+def stop_group_info(pipes: list, procs: list) -> list[dict]:
+    """Stop the workers; return what each reported when leaving (``peak_rss``,
+    ``inplace_max_abs``)."""
     for a in pipes:
         a.send(None)
-    peaks = [a.recv()["peak_rss"] for a in pipes]
+    info = [a.recv() for a in pipes]
     for p in procs:
         p.join(30)
-    return max(peaks)
+    return info
+
+
+def stop_group(pipes: list, procs: list) -> int:
+    """Stop the workers; return their largest peak RSS."""
+    return max(i["peak_rss"] for i in stop_group_info(pipes, procs))
 
 
 def _rss(pid: int) -> int:
@@ -245,6 +384,13 @@ def _rss(pid: int) -> int:
     return total + sum(_rss(int(c)) for c in children)
 
 
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
 def run(
     workers: list[int],
     sizes: list[int],
@@ -253,52 +399,82 @@ def run(
     log=print,
     shards: int = 1,
     dtype: str = "float32",
+    neighbour: str = "off",
 ) -> dict:
     """Run the whole matrix against an emulator with ``shards`` data-plane
-    processes; return the results as plain data."""
+    processes; return the results as plain data. ``neighbour``: ``off``,
+    ``on`` (a CPU-bound process runs throughout) or ``both`` (every
+    repetition quiet and loaded)."""
     from swemu.launch import EmulatorProcess
 
     if dtype not in ("float32", "int32"):
         raise ValueError(f"dtype must be float32 or int32, not {dtype!r}")
+    loads = {"off": [QUIET], "on": [LOADED], "both": [QUIET, LOADED]}.get(neighbour)
+    if loads is None:
+        raise ValueError(f"neighbour must be off, on or both, not {neighbour!r}")
     methods = [f"switchml-{c}" for c in codes] + [GLOO, PS]
     results: list[dict] = []
     memory: dict[str, Any] = {}
-    with EmulatorProcess("--max-pool-memory", "4GiB", shards=shards) as emu:
+    loadavg_start = _loadavg()
+    with contextlib.ExitStack() as stack:
+        emu = stack.enter_context(EmulatorProcess("--max-pool-memory", "4GiB", shards=shards))
+        nb = stack.enter_context(Neighbour()) if LOADED in loads else None
         memory["emulator_rss_start"] = _rss(emu.proc.pid)
         switch_pids = _descendants(emu.proc.pid)
         targets = [(f"switchml-{c}", emu.switch, emu.control, c) for c in codes]
         for w in workers:
-            pipes, procs = start_group(w, targets, gloo=True, dtype=dtype)
-            calls: dict[tuple[str, int], list[dict]] = {}
+            sw_group = start_group(w, targets, gloo=False, dtype=dtype)
+            gloo_group = start_group(w, [], gloo=True, dtype=dtype)
+            calls: dict[tuple[str, str, int], list[dict]] = {}
             for rep in range(reps):
-                for size in sizes:
-                    for m in methods:
-                        calls.setdefault((m, size), []).append(
-                            run_once(pipes, m, size, switch_pids)
-                        )
+                for load in loads if rep % 2 == 0 else loads[::-1]:
+                    if nb is not None:
+                        nb.load(load == LOADED)
+                    for size in sizes:
+                        for m in methods if rep % 2 == 0 else methods[::-1]:
+                            # the first call of each (load, method, size) is checked
+                            first = (load, m, size) not in calls
+                            if m in (GLOO, PS):
+                                with stopped(switch_pids):
+                                    call = run_once(
+                                        gloo_group[0], m, size, switch_pids, FRESH, first
+                                    )
+                            else:
+                                call = run_once(sw_group[0], m, size, switch_pids, FRESH, first)
+                            calls.setdefault((load, m, size), []).append(call)
+                if nb is not None:
+                    nb.load(False)
                 log(f"W={w}: repetition {rep + 1}/{reps} done")
-            memory[f"worker_peak_rss_W{w}"] = stop_group(pipes, procs)
-            for size in sizes:
-                gloo = _summary(calls[(GLOO, size)])
-                for m in methods:
-                    row = _summary(calls[(m, size)])
-                    row.update(
-                        workers=w,
-                        bytes=size,
-                        method=m,
-                        goodput_gbps=size * 8 / row["median_s"] / 1e9,
-                        ratio_to_gloo=row["median_s"] / gloo["median_s"],
-                        cpu_ratio_to_gloo=(
-                            row["cpu_s"] / gloo["cpu_s"]
-                            if row["cpu_s"] is not None and gloo["cpu_s"]
-                            else None
-                        ),
-                    )
-                    if row["verified"] is False:
-                        log(f"W={w} {size} B {m}: WRONG RESULT")
-                    results.append(row)
+            memory[f"worker_peak_rss_W{w}"] = max(stop_group(*sw_group), stop_group(*gloo_group))
+            for load in loads:
+                for size in sizes:
+                    gloo = _summary(calls[(load, GLOO, size)])
+                    for m in methods:
+                        row = _summary(calls[(load, m, size)])
+                        row.update(
+                            load=load,
+                            workers=w,
+                            bytes=size,
+                            method=m,
+                            goodput_gbps=size * 8 / row["median_s"] / 1e9,
+                            ratio_to_gloo=row["median_s"] / gloo["median_s"],
+                            cpu_ratio_to_gloo=(
+                                row["cpu_s"] / gloo["cpu_s"]
+                                if row["cpu_s"] is not None and gloo["cpu_s"]
+                                else None
+                            ),
+                        )
+                        if row["verified"] is False:
+                            log(f"W={w} {size} B {m} ({load}): WRONG RESULT")
+                        results.append(row)
         memory["emulator_rss_end"] = _rss(emu.proc.pid)
     memory["largest_tensor_bytes"] = max(sizes)
+    if len(loads) == 2:  # how much each ratio grows under load
+        quiet = {(r["workers"], r["bytes"], r["method"]): r for r in results if r["load"] == QUIET}
+        for r in results:
+            if r["load"] == LOADED:
+                q = quiet[(r["workers"], r["bytes"], r["method"])]
+                r["loaded_over_quiet"] = r["ratio_to_gloo"] / q["ratio_to_gloo"]
     return {
         "results": results,
         "memory": memory,
@@ -306,14 +482,16 @@ def run(
         "codes": codes,
         "shards": shards,
         "dtype": dtype,
+        "neighbour": neighbour,
         "cpus": os.cpu_count(),
+        "loadavg_start": loadavg_start,
+        "loadavg_end": _loadavg(),
     }
 
 
 def _summary(calls: list[dict]) -> dict:
     """Medians over one method's repetitions: time, and CPU per call (workers,
-    switch, both; during gloo's calls the switch idles, and what it uses is
-    counted all the same)."""
+    switch, both; during gloo's calls the switch is stopped)."""
     times = [c["time"] for c in calls]
     workers = statistics.median(c["cpu_workers"] for c in calls)
     switch = [c["cpu_switch"] for c in calls]
@@ -336,22 +514,39 @@ def _summary(calls: list[dict]) -> dict:
 
 def markdown(data: dict) -> str:
     """The results as a markdown table: time in ms, ratio to gloo, and CPU per
-    call (all workers + the switch) with its ratio to gloo's."""
-    lines = [
+    call (all workers + the switch) with its ratio to gloo's; with the
+    neighbour in both conditions, the load of each row and how much the
+    loaded ratio exceeds the quiet one."""
+    both = any("loaded_over_quiet" in r for r in data["results"])
+    la0, la1 = data.get("loadavg_start"), data.get("loadavg_end")
+    head = (
         f"dtype {data.get('dtype', 'float32')}, {data.get('cpus', '?')} CPUs, "
-        f"median of {data['reps']} repetitions",
+        f"median of {data['reps']} repetitions"
+    )
+    if data.get("neighbour", "off") != "off":
+        head += f", CPU-bound neighbour: {data['neighbour']}"
+    if la0 and la1:
+        head += f"; load average {la0[0]:.2f} at start, {la1[0]:.2f} at the end"
+    lines = [
+        head,
         "",
-        "| W | size | method | median (ms) | goodput (Gbit/s) | time / gloo "
-        "| CPU / call (ms) | CPU / gloo's | result |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| W | size | method | "
+        + ("load | " if data.get("neighbour", "off") != "off" else "")
+        + "median (ms) | goodput (Gbit/s) | time / gloo "
+        + ("| loaded / quiet " if both else "")
+        + "| CPU / call (ms) | CPU / gloo's | result |",
     ]
+    lines.append("|" + "---|" * (lines[-1].count("|") - 1))
     for r in data["results"]:
         cpu = r.get("cpu_s")
         cpu_ratio = r.get("cpu_ratio_to_gloo")
+        lq = r.get("loaded_over_quiet")
         lines.append(
             f"| {r['workers']} | {r['bytes'] / 2**20:g} MiB | {r['method']} | "
-            f"{r['median_s'] * 1e3:.1f} | {r['goodput_gbps']:.2f} | "
+            + (f"{r.get('load', QUIET)} | " if data.get("neighbour", "off") != "off" else "")
+            + f"{r['median_s'] * 1e3:.1f} | {r['goodput_gbps']:.2f} | "
             f"{r['ratio_to_gloo']:.2f} | "
+            + ((f"{lq:.2f} | " if lq is not None else "| ") if both else "")
             + (f"{cpu * 1e3:.0f}" if cpu is not None else "n/a")
             + " | "
             + (f"{cpu_ratio:.2f}" if cpu_ratio is not None else "n/a")
@@ -385,7 +580,11 @@ def plot(data: dict, path: Path) -> None:
     ws = sorted({r["workers"] for r in data["results"]})
     fig, axes = plt.subplots(1, len(ws), figsize=(5 * len(ws), 4), squeeze=False)
     for ax, w in zip(axes[0], ws):
-        rows = [r for r in data["results"] if r["workers"] == w]
+        rows = [  # the quiet rows where there are both
+            r
+            for r in data["results"]
+            if r["workers"] == w and r.get("load", QUIET) == data["results"][0].get("load", QUIET)
+        ]
         methods = sorted({r["method"] for r in rows})
         sizes = sorted({r["bytes"] for r in rows})
         width = 0.8 / len(methods)

@@ -48,6 +48,67 @@ def test_allreduce_benchmark_smoke(tmp_path, dtype):
         assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_allreduce_benchmark_quiet_and_loaded(tmp_path):
+    """``neighbour="both"``: every method measured quiet and with the CPU-bound
+    neighbour, each checked in both, with the loaded/quiet ratio in the report;
+    gloo's calls leave the emulator stopped (no switch CPU)."""
+    pytest.importorskip("torch")
+    from bench.allreduce import markdown, run
+
+    data = run([2], [64 << 10], [6], reps=2, log=lambda m: None, neighbour="both")
+    rows = {(r["load"], r["method"]): r for r in data["results"]}
+    assert set(rows) == {
+        (ld, m) for ld in ("quiet", "loaded") for m in ("switchml-6", "gloo", "ps")
+    }
+    assert all(r["verified"] is True for r in rows.values())
+    assert rows[("loaded", "switchml-6")]["loaded_over_quiet"] > 0
+    assert rows[("quiet", "gloo")]["cpu_switch_s"] == pytest.approx(0.0, abs=2e-3)
+    assert len(data["loadavg_start"]) == 3
+    table = markdown(data)
+    assert "| loaded / quiet |" in table and "| loaded |" in table and "neighbour: both" in table
+
+
+def test_neighbour_and_stopped_processes():
+    """The neighbour burns CPU only while loaded; ``stopped`` freezes a process."""
+    import os
+    import time
+
+    from bench.allreduce import Neighbour, _cpu_seconds, stopped
+
+    if not os.path.exists(f"/proc/{os.getpid()}/task"):
+        pytest.skip("no /proc")
+    with Neighbour() as nb:
+        time.sleep(0.3)  # started stopped: the interpreter's start-up at most
+        a = nb.cpu_seconds()
+        time.sleep(0.2)
+        assert nb.cpu_seconds() == a
+        nb.load(True)
+        time.sleep(0.3)
+        b = nb.cpu_seconds()
+        assert b > a
+        with stopped([nb.proc.pid]):
+            c = nb.cpu_seconds()
+            time.sleep(0.2)
+            assert nb.cpu_seconds() - c < 0.01
+        time.sleep(0.2)
+        assert nb.cpu_seconds() > c
+        pid = nb.proc.pid
+    assert _cpu_seconds([pid]) is None  # gone
+
+
+def test_gloo_baseline_smoke():
+    """`python -m bench gloo-baseline` at a tiny size: every variant measured."""
+    pytest.importorskip("torch")
+    from bench.gloo_baseline import VARIANTS, markdown, run
+
+    data = run(workers=2, nbytes=64 << 10, code=3, rounds=2, log=lambda m: None, matrix=False)
+    names = [r["variant"] for r in data["rows"]]
+    assert names == [*VARIANTS, "switchml-3"]
+    assert all(r["median_s"] > 0 for r in data["rows"])
+    assert data["inplace_max_abs"] > 0
+    assert "| own+fresh+stopped |" in markdown(data)
+
+
 def test_benchmark_worker_flags_a_wrong_result():
     """The check the benchmark workers run is the one that fails on a wrong sum."""
     from hostlib import testdata
