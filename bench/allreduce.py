@@ -202,7 +202,7 @@ def _worker(
     so each worker checks its result on its own: the first call of every
     (method, size, mode) is checked after it is timed (exact for int32 and for
     gloo, whose float32 sums of these inputs are exact too; within
-    PROTOCOL.md §4's bound for SwitchML's float32). The verdict is True or
+    docs/protocol.md §4's bound for SwitchML's float32). The verdict is True or
     False then, and None for later calls and for inputs that cannot be checked
     (:data:`INPLACE`, :data:`RANDN`). Input modes are those of gloo's tensor
     (:data:`FRESH` unless said); SwitchML reads its input and writes a separate

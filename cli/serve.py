@@ -1,4 +1,4 @@
-"""``switchml-emu serve``: run the emulator until SIGINT/SIGTERM (PROTOCOL.md §6).
+"""``switchml-emu serve``: run the emulator until SIGINT/SIGTERM (docs/protocol.md §6).
 
 With ``--shards S`` (S > 1) the data plane runs in S processes on ports
 ``--port`` .. ``--port + S - 1`` behind this process's control plane

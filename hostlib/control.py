@@ -1,4 +1,4 @@
-"""Joining a job through the SwitchML control plane (PROTOCOL.md §5), on grpc.aio.
+"""Joining a job through the SwitchML control plane (docs/protocol.md §5), on grpc.aio.
 
 The join sequence works against the emulator and a p4app-switchML-style
 controller alike:

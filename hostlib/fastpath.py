@@ -506,7 +506,7 @@ class FastIO:
 
     ``batch`` receives datagrams (one per row; ``lens``/``ok`` per row), ``rows``
     are the protocol's outstanding packets (one per slot), slot s goes to
-    ``switch_ip:ports[s % len(ports)]`` (PROTOCOL.md §5 ``data_ports``).
+    ``switch_ip:ports[s % len(ports)]`` (docs/protocol.md §5 ``data_ports``).
     ``seg_max`` > 1 sends up to that many packets per message (the socket must
     have ``UDP_SEGMENT`` set to the packet length, see :func:`enable_gso`)."""
 

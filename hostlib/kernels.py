@@ -13,7 +13,7 @@ Slot state (arrays of length K, one entry per slot of the window):
                ``i >= 0`` the result of chunk i, ``DONE`` nothing (finished)
 ``cur_set[s]`` the shadow set of the outstanding packet
 ``next_set[s]`` the set the slot uses next; belongs to the session, because
-               the parity continues across allreduce calls (PROTOCOL.md §3)
+               the parity continues across allreduce calls (docs/protocol.md §3)
 ``deadline[s]``, ``rto[s]``, ``tries[s]`` retransmission timer state
 ``rows[s]``    the outstanding packet itself: a retransmission resends it unchanged
 """

@@ -1,4 +1,4 @@
-"""The worker side of SwitchML as a sans-IO state machine (PROTOCOL.md §3–§4).
+"""The worker side of SwitchML as a sans-IO state machine (docs/protocol.md §3–§4).
 
 Theory of operation
 -------------------

@@ -1,4 +1,4 @@
-"""Block floating point of PROTOCOL.md §4, in plain numpy.
+"""Block floating point of docs/protocol.md §4, in plain numpy.
 
 These are the reference rules (and the test oracle) for the compiled versions
 in :mod:`hostlib.kernels`; they are also handy for a user who wants to predict
@@ -56,7 +56,7 @@ def dequantize(total: np.ndarray, exp: int, num_workers: int) -> np.ndarray:
 
 def error_bound(max_abs: np.ndarray | float, num_workers: int) -> np.ndarray:
     """Per-element bound on |result - exact sum| for a chunk whose max|x| over all
-    workers is ``max_abs``: ``W·M·(W / (2^31 - 1) + 2^-24)`` (PROTOCOL.md §4)."""
+    workers is ``max_abs``: ``W·M·(W / (2^31 - 1) + 2^-24)`` (docs/protocol.md §4)."""
     m = np.asarray(max_abs, np.float64)
     return num_workers * m * (num_workers / INT32_MAX + 2.0**-24)
 

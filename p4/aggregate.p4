@@ -1,5 +1,5 @@
 /*
- * aggregate.p4 -- PROTOCOL.md section 2, step 4: the 64 accumulators of a
+ * aggregate.p4 -- docs/protocol.md section 2, step 4: the 64 accumulators of a
  * (slot, set).
  *
  *   bitmap before == 0 (first contribution since the set was released): write

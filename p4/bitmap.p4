@@ -1,5 +1,5 @@
 /*
- * bitmap.p4 -- PROTOCOL.md section 2, steps 1 and 2: record the contribution
+ * bitmap.p4 -- docs/protocol.md section 2, steps 1 and 2: record the contribution
  * and tell a retransmission.
  *
  *   before = bitmap[set][slot]

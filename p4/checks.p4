@@ -2,7 +2,7 @@
  * checks.p4 -- the counted drops after the worker lookup, and where the
  * packet's (slot, set) lives in the registers.
  *
- * PROTOCOL.md section 2 orders the checks: unknown source (WorkerLookup) ->
+ * docs/protocol.md section 2 orders the checks: unknown source (WorkerLookup) ->
  * malformed (section 1, CheckPacket) -> slot index >= P (RejectSlot). A packet of a size code other than
  * the job's is malformed too; it is counted apart, as the emulator does.
  */

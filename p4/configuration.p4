@@ -13,7 +13,7 @@
 #define _CONFIGURATION_P4_
 
 /* ---------------------------------------------------------------------------
- * Protocol (PROTOCOL.md section 1) -- mirrored in swemu/wire.py
+ * Protocol (docs/protocol.md section 1) -- mirrored in swemu/wire.py
  * ------------------------------------------------------------------------- */
 
 // msg_type of every packet a worker sends and the switch sends (wire.MSG_TYPE).

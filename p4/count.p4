@@ -1,5 +1,5 @@
 /*
- * count.p4 -- PROTOCOL.md section 2, step 3: count the workers still missing.
+ * count.p4 -- docs/protocol.md section 2, step 3: count the workers still missing.
  *
  * count[set][slot] is how many workers are still missing (0 = idle or
  * complete). A new contribution finding count == 0 is the first: count

@@ -1,5 +1,5 @@
 /*
- * counters.p4 -- per-job counters of what the switch did (PROTOCOL.md
+ * counters.p4 -- per-job counters of what the switch did (docs/protocol.md
  * section 2: "Counters are kept per job and per reason").
  *
  * One packet-and-byte counter per (job, action code), with the action codes

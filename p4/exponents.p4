@@ -1,5 +1,5 @@
 /*
- * exponents.p4 -- PROTOCOL.md section 2, step 4 for e0 and e1: signed
+ * exponents.p4 -- docs/protocol.md section 2, step 4 for e0 and e1: signed
  * running maxima.
  *
  * First contribution to a released set (bitmap before == 0): write e0 and e1.

@@ -1,5 +1,5 @@
 /*
- * next_step.p4 -- PROTOCOL.md section 2, step 5: what to send.
+ * next_step.p4 -- docs/protocol.md section 2, step 5: what to send.
  *
  * The next_step table below IS the decision table of section 2 (and of the
  * theory-of-operation comment in swemu/engine.py):

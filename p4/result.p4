@@ -1,5 +1,5 @@
 /*
- * result.p4 -- send a result (PROTOCOL.md section 2, "A result packet").
+ * result.p4 -- send a result (docs/protocol.md section 2, "A result packet").
  *
  * A result is sent from the switch's address and the UDP port the triggering
  * packet was sent to:

@@ -1,7 +1,7 @@
 /*
  * switchml.p4 -- SwitchML in-network aggregation for the Tofino Native
  * Architecture: the mirror of swemu (the emulator) for size codes 1 (64 int32
- * values per packet) and 3 (256, in four passes). PROTOCOL.md sections 1-2 are
+ * values per packet) and 3 (256, in four passes). docs/protocol.md sections 1-2 are
  * the contract; README.md beside this file maps every table and register to
  * its rule.
  *

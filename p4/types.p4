@@ -114,7 +114,7 @@ header udp_h {
     bit<16>    checksum;
 }
 
-// PROTOCOL.md section 1, bit for bit (checked against swemu.wire by
+// docs/protocol.md section 1, bit for bit (checked against swemu.wire by
 // tests/test_p4_headers.py). Byte 0 is msg_type | unused | size; bytes 6-7
 // are the pool_index: set (bit 15) | 0 (bit 14) | slot (bits 13..0).
 header switchml_h {
@@ -172,7 +172,7 @@ struct ingress_metadata_t {
     bit<1>          drop;
     action_code_t   action_code;
 
-    // from the worker lookup (control plane, PROTOCOL.md section 5)
+    // from the worker lookup (control plane, docs/protocol.md section 5)
     job_id_t        job_id;
     worker_id_t     worker_id;
     worker_bitmap_t worker_bit;       // 1 << worker_id

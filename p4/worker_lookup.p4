@@ -1,5 +1,5 @@
 /*
- * worker_lookup.p4 -- who sent this packet (PROTOCOL.md section 2, first check).
+ * worker_lookup.p4 -- who sent this packet (docs/protocol.md section 2, first check).
  *
  * A worker is identified by the packet's source address alone. The control
  * plane (section 5, UdpSession) installs one entry per registered worker:

@@ -1,4 +1,4 @@
-"""gRPC control plane (PROTOCOL.md §5) on grpc.aio: Session.UdpSession, Sync.*.
+"""gRPC control plane (docs/protocol.md §5) on grpc.aio: Session.UdpSession, Sync.*.
 
 Besides p4app-switchML's calls, ``Session.Release`` (a rank is done with its
 job; the last rank's release frees it) and ``Session.SwitchInfo`` (what the

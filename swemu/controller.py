@@ -1,5 +1,5 @@
 """The control-plane model shared by the emulator and the Tofino: what a SwitchML
-controller writes into a switch, and the session rules (PROTOCOL.md §5) that decide it.
+controller writes into a switch, and the session rules (docs/protocol.md §5) that decide it.
 
 Theory of operation
 -------------------
@@ -57,7 +57,7 @@ log = logging.getLogger("swemu.controller")
 INVALID_ARGUMENT = "INVALID_ARGUMENT"
 RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
 
-#: Size codes PROTOCOL.md §1 defines (a request above is refused whatever the target).
+#: Size codes docs/protocol.md §1 defines (a request above is refused whatever the target).
 SIZE_CODES = range(8)
 #: Bits of the worker bitmap: the most workers any SwitchML job can have.
 BITMAP_WORKERS = 32
@@ -109,7 +109,7 @@ class DropSimulation:
 
 @dataclass(frozen=True)
 class JobParams:
-    """What rank 0's UdpSession fixes for a session (PROTOCOL.md §5)."""
+    """What rank 0's UdpSession fixes for a session (docs/protocol.md §5)."""
 
     session_id: int
     num_workers: int
@@ -282,7 +282,7 @@ def table_state(
 
 # ----------------------------------------------------------------------------- rules
 class SessionController:
-    """PROTOCOL.md §5 on top of a :class:`Target`: the one place its rules live.
+    """docs/protocol.md §5 on top of a :class:`Target`: the one place its rules live.
 
     Every request is checked completely before anything is written, so a refused
     request leaves the switch as it was.

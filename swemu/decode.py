@@ -2,7 +2,7 @@
 
 :class:`Decoder` reads captured datagrams a batch at a time (from
 :func:`swemu.pcap.read_pcap_batches`) and classifies each SwitchML packet the
-way the switch of PROTOCOL.md §2 sees it, returning events as soon as they are
+way the switch of docs/protocol.md §2 sees it, returning events as soon as they are
 final; :func:`timeline` does it for a whole capture; :func:`render_timeline`
 draws events as a rich table, one section per (switch port, slot);
 :class:`Summary` / :func:`summary` count them per worker. ``switchml-emu
@@ -20,7 +20,7 @@ How packets are told apart:
   same worker, to the same switch port and slot, used the same set. That is the
   switch's own rule (the worker's bitmap bit is still set): normally the resend
   has the same tsi and job_number too; if they differ, the worker forgot to flip
-  the set (PROTOCOL.md §3) and the event carries a note saying so.
+  the set (docs/protocol.md §3) and the event carries a note saying so.
 * **Multicast or unicast.** A round of a (switch, slot, set) runs from its
   first new contribution to the next new contribution after its result (the
   set was released and is used again). Its first result is the multicast, and

@@ -5,7 +5,7 @@ Theory of operation
 The engine never opens a socket, sleeps or reads the clock: time is a parameter.
 A caller (the asyncio server, a test's in-memory fabric, a benchmark) feeds it
 
-* control-plane calls: :meth:`SwitchEngine.register` (PROTOCOL.md §5 UdpSession)
+* control-plane calls: :meth:`SwitchEngine.register` (docs/protocol.md §5 UdpSession)
   and :meth:`SwitchEngine.release`, which go through :attr:`SwitchEngine.controller`
   (:class:`swemu.controller.SessionController`, where the session rules live) and
   come back as table primitives (``create_job``, ``set_worker``, ...);
@@ -113,7 +113,7 @@ DEFAULT_EVICT_AFTER = 1.0
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Limits of the switch; defaults follow PROTOCOL.md §6.
+    """Limits of the switch; defaults follow docs/protocol.md §6.
 
     An engine made in code keeps its jobs until they are released (idle_timeout
     and evict_after None); ``switchml-emu serve`` passes DEFAULT_IDLE_TIMEOUT and
@@ -309,7 +309,7 @@ class SwitchEngine:
         self._controller: SessionController | None = None
 
     # ------------------------------------------------------------------ control
-    # PROTOCOL.md §5's rules live in swemu.controller.SessionController; the engine
+    # docs/protocol.md §5's rules live in swemu.controller.SessionController; the engine
     # holds the tables and offers the primitives its EmulatorTarget writes them with.
     @property
     def controller(self) -> SessionController:
@@ -338,7 +338,7 @@ class SwitchEngine:
         pool_size: int = 0,
         now: float = 0.0,
     ) -> Job:
-        """Register worker ``rank`` of a session (PROTOCOL.md §5 UdpSession) through
+        """Register worker ``rank`` of a session (docs/protocol.md §5 UdpSession) through
         :attr:`controller`; return the engine's job. Raises :class:`RegistrationError`.
 
         A convenience for tests and in-memory fabrics: rank 0 replaces the session

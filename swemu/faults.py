@@ -23,7 +23,7 @@ queue would.
 
 Reordering is injected on what the switch sends only: a worker ignores stale
 or reordered results by their (slot, set, tsi, job_number), so exactly-once
-holds. Reordering *towards* the switch can defeat PROTOCOL.md §2 itself (a late
+holds. Reordering *towards* the switch can defeat docs/protocol.md §2 itself (a late
 copy of an old packet looks like a new contribution); the host library's
 ``reorder_guard`` exists for networks that do that.
 """

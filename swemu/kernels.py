@@ -196,7 +196,7 @@ def _process_batch(
     dest_worker,
     row_addr,
 ):
-    """Apply PROTOCOL.md §2 to rows ``0..n-1`` of a batch; return the destination count.
+    """Apply docs/protocol.md §2 to rows ``0..n-1`` of a batch; return the destination count.
 
     Datagram r is row r of ``buf``, or, with a non-empty ``row_addr``, the
     ``lens[r]`` bytes at address ``row_addr[r]`` (where the kernel landed a

@@ -1,4 +1,4 @@
-"""PROTOCOL.md §2 in plain Python: the test oracle for :mod:`swemu.kernels`.
+"""docs/protocol.md §2 in plain Python: the test oracle for :mod:`swemu.kernels`.
 
 Written for obviousness, not speed: dicts of per-slot records, Python ints,
 ``wire.decode`` for parsing. The property tests feed the same packet streams

@@ -15,7 +15,7 @@ keeps everything that is not per packet: the gRPC control plane
 slots of each job), so the S pools of a job take together exactly what one
 unsharded pool takes and the control plane's ``--max-pool-memory`` budget stays
 honest. Workers learn the ports from ``UdpSessionResponse.data_ports``
-(PROTOCOL.md §5) and send slot s to ``data_ports[s % S]``, so every packet of a
+(docs/protocol.md §5) and send slot s to ``data_ports[s % S]``, so every packet of a
 slot, its retransmissions and its results stay in one process and §2 holds
 unchanged. A packet that reaches a shard for a slot another shard holds is
 dropped and counted (``drop_wrong_shard``), never aggregated.
@@ -91,7 +91,7 @@ log = logging.getLogger("swemu.shards")
 MAX_SHARDS = 16
 #: Seconds the main process waits for a shard's answer before giving up on it.
 REQUEST_TIMEOUT = 10.0
-#: The SwitchML port range (PROTOCOL.md §1); shards starting in it stay in it.
+#: The SwitchML port range (docs/protocol.md §1); shards starting in it stay in it.
 SWITCHML_PORTS = range(0xBEE0, 0xBEF0)
 
 

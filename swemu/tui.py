@@ -75,7 +75,7 @@ def _drop_reasons(counts: dict[str, int]) -> tuple[tuple[str, str], ...]:
 
 
 def payload_bytes(size_code: int) -> int:
-    """Bytes of values in one packet of ``size_code`` (PROTOCOL.md §1)."""
+    """Bytes of values in one packet of ``size_code`` (docs/protocol.md §1)."""
     return 4 * (32 << size_code)
 
 

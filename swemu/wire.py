@@ -1,4 +1,4 @@
-"""SwitchML/UDP wire format (PROTOCOL.md §1): pure encode/decode, no state.
+"""SwitchML/UDP wire format (docs/protocol.md §1): pure encode/decode, no state.
 
 A SwitchML datagram is a 10-byte header followed by N big-endian int32 values::
 
@@ -37,7 +37,7 @@ DEFAULT_UDP_PORT = UDP_PORT_BASE
 DEFAULT_CONTROL_PORT = 50099
 DEFAULT_SWITCH_MAC = 0x02_00_5E_BE_E0_00  # the emulator's MAC unless told (locally administered)
 EXP_NONE = -128  # the exponent of an all-zero chunk (and "no next chunk")
-EXP_TSI_BASE = 1 << 31  # tsi of exponent-only packets (PROTOCOL.md §4)
+EXP_TSI_BASE = 1 << 31  # tsi of exponent-only packets (docs/protocol.md §4)
 
 SET_BIT = 1 << 15
 SLOT_MASK = MAX_SLOTS - 1

@@ -1,4 +1,4 @@
-"""Conformance vectors: PROTOCOL.md §1-§2 as data, and a runner for the emulator engine.
+"""Conformance vectors: docs/protocol.md §1-§2 as data, and a runner for the emulator engine.
 
 Each ``tests/vectors/*.json`` file is one scenario (format in
 ``tests/vectors/README.md``). This module loads them, turns their packet
@@ -127,7 +127,7 @@ def values_of(packet: dict[str, Any]) -> list[int]:
 
 
 def build_packet(packet: dict[str, Any]) -> bytes:
-    """The datagram a packet description stands for (PROTOCOL.md §1, bit for bit)."""
+    """The datagram a packet description stands for (docs/protocol.md §1, bit for bit)."""
     p = {**PACKET_DEFAULTS, **packet}
     byte0 = (p["msg_type"] & 0xF) << 4 | (p["unused"] & 1) << 3 | (p["size_code"] & 7)
     pool_index = (p["set"] & 1) << 15 | (p["pool_index_unused"] & 1) << 14 | (p["slot"] & 0x3FFF)
@@ -166,7 +166,7 @@ def describe(data: bytes) -> str:
 # ----------------------------------------------------------------------------- steps
 @dataclass
 class Registration:
-    """One UdpSession call of a vector (PROTOCOL.md §5)."""
+    """One UdpSession call of a vector (docs/protocol.md §5)."""
 
     session_id: int
     rank: int

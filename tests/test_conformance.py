@@ -1,6 +1,6 @@
 """Run the conformance vectors (tests/vectors/*.json) against the emulator engine.
 
-The vectors are PROTOCOL.md §1-§2 written down as data, with hand-computed
+The vectors are docs/protocol.md §1-§2 written down as data, with hand-computed
 expectations; the same files are replayed against the P4 program
 (p4/ptf/test_switchml_vectors.py). Here each one runs in memory on a fresh
 :class:`swemu.engine.SwitchEngine` and every step's action, output bytes and
@@ -33,7 +33,7 @@ from swemu.engine import EMULATOR_ONLY_ACTIONS, Action
 
 VECTORS = load_vectors()
 
-#: Every rule of PROTOCOL.md §1-§2 that a vector must demonstrate, by file name.
+#: Every rule of docs/protocol.md §1-§2 that a vector must demonstrate, by file name.
 REQUIRED = {
     "write_add_multicast",  # first write, add, last multicasts to all
     "multicast_ip_only_worker",  # udp_port 0 worker: triggering packet's source port
@@ -83,7 +83,7 @@ def test_vector_names_match_files() -> None:
     """A vector's name is its file name, so a failure message points at the file."""
     for v in VECTORS:
         assert v["file"] == f"{v['name']}.json"
-        assert "§" in v["rule"], f"{v['file']}: 'rule' should cite the PROTOCOL.md section"
+        assert "§" in v["rule"], f"{v['file']}: 'rule' should cite the docs/protocol.md section"
 
 
 def test_vector_actions_are_the_engines() -> None:

@@ -6,7 +6,7 @@
   emulator target and to the Tofino target over a recording BF Runtime client gives
   the same tables, and the Tofino target writes exactly the entries p4/README.md
   lists, with the names of p4/*.p4 (the recorder refuses any other);
-* PROTOCOL.md §5's session rules on both targets, and room refusals on each;
+* docs/protocol.md §5's session rules on both targets, and room refusals on each;
 * drop simulation settings reaching the target;
 * ``p4/controller/switchml_ctl.py --target emulator``: a dry run serving the gRPC
   API that hostlib joins unchanged, printing the table writes.

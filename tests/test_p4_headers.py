@@ -4,7 +4,7 @@ bf-p4c cannot run here, so these tests read the P4 source itself: a small
 reader strips comments, collects ``#define``/``const``/``typedef``, header
 declarations and tables' ``const entries``. They check that
 
-* the ``switchml_h`` and ``switchml_values_h`` headers are PROTOCOL.md §1 bit for
+* the ``switchml_h`` and ``switchml_values_h`` headers are docs/protocol.md §1 bit for
   bit, as :mod:`swemu.wire` encodes it (byte layout of ``HEADER_DTYPE``, the bit
   fields of byte 0 and of pool_index, signedness, values per packet);
 * the constants that mirror Python constants agree with them;

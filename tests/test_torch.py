@@ -74,7 +74,7 @@ def test_import_hostlib_does_not_import_torch():
 def test_hook_matches_gloo_within_the_quantization_bound(hook_results):
     """float32 buckets: the hook's average equals gloo's within, per element,
     ``error_bound(M, W) / W + 2^-24·M`` with M the max|g| of the element's chunk
-    (256 values of the bucket, PROTOCOL.md §4) over both workers: the switch's
+    (256 values of the bucket, docs/protocol.md §4) over both workers: the switch's
     sum is within ``error_bound`` of the exact sum, halving is exact (W = 2), and
     gloo's own float32 average is within ``2^-24·M`` of the exact one."""
     w, nvals = 2, wire.values_per_packet(PACKET_SIZE)

@@ -6,7 +6,7 @@
   checked against the P4 source (tests, the dry run);
 * ``p4_schema``: the BF Runtime names of the P4 source, and their comparison with
   the ``bfrt.json`` bf-p4c writes (``python -m p4.controller.p4_schema BFRT_JSON``);
-* ``switchml_ctl.py``: the controller process, serving PROTOCOL.md §5's gRPC API.
+* ``switchml_ctl.py``: the controller process, serving docs/protocol.md §5's gRPC API.
 """
 
 from __future__ import annotations

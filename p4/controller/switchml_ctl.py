@@ -1,6 +1,6 @@
 """The SwitchML controller for a Tofino running p4/switchml.p4.
 
-Serves PROTOCOL.md §5's gRPC API (``Session.UdpSession``, ``Sync.Barrier``,
+Serves docs/protocol.md §5's gRPC API (``Session.UdpSession``, ``Sync.Barrier``,
 ``Sync.Broadcast``) with the emulator's own services, over a
 :class:`swemu.controller.SessionController` that writes the switch's tables
 through BF Runtime (:class:`p4.controller.TofinoTarget`). Workers use it
@@ -164,7 +164,7 @@ def parse_probability(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="switchml_ctl.py",
-        description="SwitchML controller for p4/switchml.p4 (PROTOCOL.md §5 gRPC API)",
+        description="SwitchML controller for p4/switchml.p4 (docs/protocol.md §5 gRPC API)",
     )
     p.add_argument(
         "--target",

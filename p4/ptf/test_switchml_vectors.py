@@ -63,7 +63,7 @@ def ip_str(ip: int) -> str:
 
 
 class Registrations:
-    """The control-plane view of PROTOCOL.md §5: jobs, their workers' addresses, and
+    """The control-plane view of docs/protocol.md §5: jobs, their workers' addresses, and
     which address belongs to whom (registering an address again moves it)."""
 
     def __init__(self) -> None:

@@ -1,4 +1,4 @@
-"""A scapy layer for SwitchML/UDP packets (PROTOCOL.md §1).
+"""A scapy layer for SwitchML/UDP packets (docs/protocol.md §1).
 
 Licence note: scapy is GPL-2.0. This module imports it, so it is imported only
 when the user has installed the ``capture`` extra (``pip install
