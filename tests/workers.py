@@ -62,12 +62,13 @@ def configs(ctx: hostlib.Context, cases: list[tuple[int, int]]) -> list[np.ndarr
 
 def die_or_wait(ctx: hostlib.Context, victim: int) -> str:
     """The victim rank dies in the middle of a large allreduce; the others must fail."""
-    x = np.ones(4 << 20, np.int32)
+    # 64 MiB: long enough (>= ~100 ms on any machine) that the victim dies inside it
+    x = np.ones(16 << 20, np.int32)
     ctx.allreduce(np.ones(10, np.int32))  # everyone is in
     if ctx.rank == victim:
         import threading
 
-        threading.Timer(0.05, lambda: os._exit(17)).start()
+        threading.Timer(0.01, lambda: os._exit(17)).start()
         ctx.allreduce(x)
         time.sleep(60)
     t0 = time.monotonic()
