@@ -289,9 +289,11 @@ def test_calibrate_measures_our_kernels():
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads /proc")
 def test_in_situ_factors_come_from_a_real_run():
-    fs, fh = calibrate.measure_in_situ(CAL, workers=2, nbytes=1 << 20, iters=2)
-    # real processes cost more than the isolated kernels, but not absurdly
-    assert 0.3 < fs < 30 and 0.3 < fh < 30, (fs, fh)
+    # 8 MiB: enough of the emulator's CPU to span several clock ticks of /proc (10 ms)
+    fs, fh = calibrate.measure_in_situ(CAL, workers=2, nbytes=8 << 20, iters=2)
+    # a real run's costs are of the order of the isolated kernels' (a worker's batched
+    # path can come in well under the model's per-packet charge), not absurdly off
+    assert 0.1 < fs < 30 and 0.1 < fh < 30, (fs, fh)
     faster = replace(CAL, switch_in_situ=2.0, host_in_situ=2.0)
     kw = {"workers": 2, "nbytes": MiB}
     assert sim.simulate_loopback(faster, **kw).time > sim.simulate_loopback(CAL, **kw).time
