@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -68,6 +70,8 @@ class ControlClient:
         self.sync = pb_grpc.SyncStub(self.channel)
 
     async def connect(self) -> None:
+        """Wait until the channel is up (``connect_timeout``), or raise
+        :class:`ControlPlaneError` saying that nothing answers."""
         try:
             await asyncio.wait_for(self.channel.channel_ready(), self.connect_timeout)
         except asyncio.TimeoutError:
@@ -75,38 +79,52 @@ class ControlClient:
                 f"cannot reach the SwitchML controller at {self.target} "
                 f"within {self.connect_timeout:g} s (is `switchml-emu serve` running?)"
             ) from None
+        except grpc.aio.UsageError as exc:
+            raise control_plane_error(self.target, "connecting", exc) from None
 
     async def close(self) -> None:
         await self.channel.close()
 
-    async def _call(self, what: str, coro):
+    async def _rpc(
+        self,
+        what: str,
+        method: Callable[..., Any],
+        request: Any,
+        *,
+        timeout: float,
+        rendezvous: bool = False,
+        optional: bool = False,
+    ) -> Any:
+        """Call ``method(request)``: the one place where the control plane's
+        failures become :class:`ControlPlaneError` (:func:`control_plane_error`).
+
+        ``what`` names the call in the message; ``rendezvous``: the call waits
+        for other workers (a timeout means they did not come); ``optional``: an
+        extension a p4app-switchML controller lacks (UNIMPLEMENTED gives None).
+        """
         try:
-            return await coro
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise ControlPlaneError(
-                    f"{what} at {self.target} timed out: not every worker joined in time"
-                ) from None
-            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
-                raise ControlPlaneError(
-                    f"{what} at {self.target} failed: the SwitchML controller went away "
-                    f"(it shut down or restarted; {exc.code().name}: {exc.details()})"
-                ) from None
-            raise ControlPlaneError(
-                f"{what} refused by {self.target}: {exc.code().name}: {exc.details()}"
+            return await method(request, timeout=timeout)
+        except (grpc.RpcError, grpc.aio.UsageError) as exc:
+            code = exc.code() if isinstance(exc, grpc.RpcError) else None
+            if optional and code == grpc.StatusCode.UNIMPLEMENTED:
+                return None
+            raise control_plane_error(
+                self.target, what, exc, timeout=timeout, rendezvous=rendezvous
             ) from None
 
     async def switch_info(self, timeout: float = 10.0) -> int | None:
         """The size code the switch serves fastest if it is an emulator, else None
         (hardware, or a controller that predates ``SwitchInfo``)."""
-        try:
-            resp = await self.session.SwitchInfo(pb.SwitchInfoRequest(), timeout=timeout)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                return None
-            await self._call("SwitchInfo", _raise(exc))
-            raise  # unreachable: _call raised
-        return int(resp.emulator.packet_size) if resp.HasField("emulator") else None
+        resp = await self._rpc(
+            "SwitchInfo",
+            self.session.SwitchInfo,
+            pb.SwitchInfoRequest(),
+            timeout=timeout,
+            optional=True,
+        )
+        if resp is None or not resp.HasField("emulator"):
+            return None
+        return int(resp.emulator.packet_size)
 
     async def default_packet_size(self, timeout: float = 10.0) -> int:
         """The packet size a worker that did not choose one uses: the emulator's
@@ -120,13 +138,9 @@ class ControlClient:
         """Tell the controller this rank is done with its job; None if the
         controller has no ``Release`` (its jobs stay until replaced)."""
         req = pb.ReleaseRequest(session_id=session_id, rank=rank, ipv4=ipv4, udp_port=udp_port)
-        try:
-            return await self.session.Release(req, timeout=timeout)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                return None
-            await self._call(f"Release(rank {rank})", _raise(exc))
-            raise  # unreachable: _call raised
+        return await self._rpc(
+            f"Release(rank {rank})", self.session.Release, req, timeout=timeout, optional=True
+        )
 
     async def join(
         self,
@@ -162,16 +176,20 @@ class ControlClient:
                 pool_size=pool_size,
                 loopback_broadcast=loopback_broadcast,
             )
-            return self._call(
-                f"UdpSession(rank {rank})", self.session.UdpSession(req, timeout=timeout)
+            return self._rpc(
+                f"UdpSession(rank {rank})", self.session.UdpSession, req, timeout=timeout
             )
 
         def broadcast(value: int):
             req = pb.BroadcastRequest(
                 value=value, rank=rank, num_workers=world_size, root=0, session_id=scope
             )
-            return self._call(
-                "Broadcast of the session id", self.sync.Broadcast(req, timeout=timeout)
+            return self._rpc(
+                "Broadcast of the session id",
+                self.sync.Broadcast,
+                req,
+                timeout=timeout,
+                rendezvous=True,
             )
 
         if rank == 0:
@@ -185,11 +203,12 @@ class ControlClient:
             resp = await register(sid)
         if registered is not None:
             registered(resp)
-        await self._call(
+        await self._rpc(
             "Barrier",
-            self.sync.Barrier(
-                pb.BarrierRequest(num_workers=world_size, session_id=scope), timeout=timeout
-            ),
+            self.sync.Barrier,
+            pb.BarrierRequest(num_workers=world_size, session_id=scope),
+            timeout=timeout,
+            rendezvous=True,
         )
         return Membership(
             sid,
@@ -215,13 +234,81 @@ class ControlClient:
                 root=root,
                 session_id=session_id,
             )
-            resp = await self._call(
-                f"Broadcast of rank {root}'s address", self.sync.Broadcast(req, timeout=timeout)
+            resp = await self._rpc(
+                f"Broadcast of rank {root}'s address",
+                self.sync.Broadcast,
+                req,
+                timeout=timeout,
+                rendezvous=True,
             )
             values.append(resp.value)
         return values
 
 
-async def _raise(exc: BaseException):
-    """A coroutine that raises ``exc`` (to reuse :meth:`ControlClient._call`'s messages)."""
-    raise exc
+#: gRPC's text for an exception a Python servicer did not handle (UNKNOWN)
+_UNEXPECTED = re.compile(r"Unexpected <class '(?:[\w.]*\.)?(\w+)'>:?\s*(.*)", re.S)
+#: ... those that mean the controller was going away, not a bug in it
+_GOING_AWAY = {"ConnectionAbortedError", "ConnectionResetError", "CancelledError"}
+
+
+def control_plane_error(
+    target: str,
+    what: str,
+    exc: BaseException,
+    *,
+    timeout: float | None = None,
+    rendezvous: bool = False,
+) -> ControlPlaneError:
+    """The :class:`ControlPlaneError` for a failed control-plane call: it names
+    the controller's address, the call, and what happened in words (the gRPC
+    status in brackets), never gRPC's bare ``UNKNOWN: Unexpected <class ...>``.
+
+    ``exc`` is a ``grpc.RpcError`` (``grpc.aio.AioRpcError``) or a
+    ``grpc.aio.UsageError`` (the channel was closed under the call).
+    """
+    if not isinstance(exc, grpc.RpcError):
+        return ControlPlaneError(
+            f"{what} at {target} failed: the connection to the controller is closed ({exc})"
+        )
+    code = exc.code()
+    details = (exc.details() or "").strip()
+    status = f"{code.name}: {details}" if details else code.name
+    after = f" after {timeout:g} s" if timeout is not None else ""
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        if rendezvous:
+            return ControlPlaneError(
+                f"{what} at {target} timed out{after}: not every worker joined in time"
+            )
+        return ControlPlaneError(
+            f"{what} at {target} timed out{after}: the controller did not answer"
+        )
+    if code == grpc.StatusCode.UNKNOWN:
+        unexpected = _UNEXPECTED.match(details)
+        if unexpected is not None:
+            name, text = unexpected.groups()
+            if name in _GOING_AWAY:
+                return ControlPlaneError(
+                    f"{what} at {target} failed: the SwitchML controller went away "
+                    f"while answering ({name}{': ' + text if text else ''})"
+                )
+            return ControlPlaneError(
+                f"{what} at {target} failed: the controller raised {name}"
+                f"{': ' + text if text else ''}"
+            )
+        return ControlPlaneError(f"{what} at {target} failed ({status})")
+    if code == grpc.StatusCode.UNAVAILABLE and "failed to connect" in details.lower():
+        # gRPC's text nests the socket's error: "failed to connect to all addresses;
+        # last error: UNKNOWN: ipv4:...: Failed to connect to remote host: Connection refused"
+        why = details.rsplit(": ", 1)[-1]
+        return ControlPlaneError(
+            f"{what}: no SwitchML controller answers at {target} "
+            f"({why}; is `switchml-emu serve` running?)"
+        )
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+        return ControlPlaneError(
+            f"{what} at {target} failed: the SwitchML controller went away "
+            f"(it shut down or restarted; {status})"
+        )
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        return ControlPlaneError(f"the controller at {target} does not implement {what} ({status})")
+    return ControlPlaneError(f"{what} refused by {target}: {status}")

@@ -374,10 +374,11 @@ class SessionController:
         worker = WorkerAddress(ipv4, udp_port, mac, bool(loopback_broadcast))
         session = self.sessions.get(session_id)
         evict: list[Session] = []
+        no_room: RegistrationError | None = None  # why a rank 0 must evict
         if rank == 0:
-            refusal = self.target.room_for_job(params, session.handle if session else None)
-            if refusal is not None:
-                evict = self._eviction(params, session, refusal, now)
+            no_room = self.target.room_for_job(params, session.handle if session else None)
+            if no_room is not None:
+                evict = self._eviction(params, session, no_room, now)
         elif session is None:
             raise RegistrationError(
                 bad, f"session {session_id} has no rank 0 registration; rank 0 registers first"
@@ -397,11 +398,15 @@ class SessionController:
 
         # every check passed: write
         for victim in evict:
+            last = self._last_active(victim)
             log.info(
-                "session %d evicted (idle %.1f s) to make room for session %d",
+                "evicted session %d (idle for %.1f s, --evict-after %g s) to make room "
+                "for session %d: %s",
                 victim.session_id,
-                now - (self._last_active(victim) or now),
+                now - (now if last is None else last),
+                self.target.limits.evict_after,
                 session_id,
+                no_room.message if no_room is not None else "no room",
             )
             self._delete(victim, "evicted")
         if rank == 0:
@@ -575,7 +580,8 @@ def emulator_room(
         )
     if free_entries + len(freeing) == 0:
         return RegistrationError(
-            RESOURCE_EXHAUSTED, f"all {cfg.max_jobs} job entries of the switch are in use"
+            RESOURCE_EXHAUSTED,
+            f"all {cfg.max_jobs} job entries of the switch are in use (--max-jobs)",
         )
     return None
 

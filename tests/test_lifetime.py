@@ -99,6 +99,21 @@ def test_eviction_takes_the_longest_idle_jobs_and_no_more():
     assert set(m.sessions) == {3, 9}  # nothing evicted for a job that cannot fit anyway
 
 
+def test_the_eviction_log_says_which_job_why_and_for_whom(caplog):
+    """The log line of an eviction names the job evicted, how long it was idle
+    (against --evict-after), why there was no room and the job it makes room for
+    (a job last active at t=0 is idle for ``now`` seconds, not 0)."""
+    c = emulator_controller(max_jobs=1, pool_size=64, evict_after=5.0)
+    reg(c, 1, 0, 1, "10.0.0.1:1", now=0.0)
+    with caplog.at_level("INFO", logger="swemu.controller"):
+        reg(c, 2, 0, 1, "10.0.0.2:1", now=7.5)
+    lines = [r.getMessage() for r in caplog.records if "evicted" in r.getMessage()]
+    assert lines == [
+        "evicted session 1 (idle for 7.5 s, --evict-after 5 s) to make room for session 2: "
+        "all 1 job entries of the switch are in use (--max-jobs)"
+    ]
+
+
 def test_without_evict_after_a_full_switch_refuses():
     c = emulator_controller(max_jobs=1)
     reg(c, 1, 0, 1, "10.0.0.1:1", now=0.0)
@@ -261,6 +276,64 @@ async def test_a_worker_hears_clearly_that_the_emulator_stopped_mid_join():
     message = str(info.value)
     assert control in message and "shutting down" in message, message
     assert "UNKNOWN" not in message
+
+
+class _FailingSession(pb_grpc.SessionServicer):
+    """A controller that fails each call its own way (Broadcast/Barrier: none)."""
+
+    async def SwitchInfo(self, request, context):
+        raise ValueError("a bug in the controller")
+
+    async def Release(self, request, context):
+        raise ConnectionAbortedError("the emulator is shutting down")  # gRPC: UNKNOWN
+
+    async def UdpSession(self, request, context):
+        await asyncio.sleep(60)  # never answers
+
+
+async def test_every_control_call_fails_with_a_control_plane_error_naming_the_controller():
+    """All of ControlClient's calls go through one mapping: each failure is a
+    ControlPlaneError naming the address and the call, in words (never gRPC's
+    ``UNKNOWN: Unexpected <class ...>``, never a raw grpc error): a servicer's
+    exception, a deadline, a missing method, a controller stopped under a call
+    that waits, a controller that is gone, a closed client."""
+    server = grpc.aio.server()
+    pb_grpc.add_SessionServicer_to_server(_FailingSession(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    target = f"127.0.0.1:{port}"
+    ctl = ControlClient(target)
+    join = {"world_size": 2, "ipv4": LOCALHOST, "udp_port": 1, "packet_size": 1, "pool_size": 1}
+
+    async def fails(coro) -> str:
+        with pytest.raises(ControlPlaneError) as info:
+            await coro
+        message = str(info.value)
+        assert target in message and "Unexpected <class" not in message, message
+        return message
+
+    try:
+        got = await fails(ctl.switch_info())
+        assert got.startswith("SwitchInfo at") and "raised ValueError: a bug" in got
+        got = await fails(ctl.release(session_id=1, rank=0, ipv4=LOCALHOST, udp_port=1))
+        assert "Release(rank 0)" in got and "went away" in got and "shutting down" in got
+        got = await fails(ctl.join(rank=0, timeout=0.3, **join))
+        assert "UdpSession(rank 0)" in got and "timed out after 0.3 s" in got
+        assert "not every worker" not in got  # that is for the rendezvous calls
+        got = await fails(ctl.join(rank=1, timeout=5, **join))
+        assert "does not implement Broadcast" in got
+        pending = asyncio.ensure_future(ctl.join(rank=0, timeout=30, **join))
+        await asyncio.sleep(0.3)
+        await server.stop(None)  # the controller stops mid-call
+        got = await fails(pending)
+        assert "UdpSession(rank 0)" in got and "went away" in got
+        got = await fails(ctl.release(session_id=1, rank=0, ipv4=LOCALHOST, udp_port=1))
+        assert "no SwitchML controller answers" in got and "UNKNOWN" not in got
+    finally:
+        await ctl.close()
+        await server.stop(None)
+    got = await fails(ctl.switch_info())
+    assert "connection to the controller is closed" in got
 
 
 async def test_packet_size_follows_the_kind_of_switch():
