@@ -15,7 +15,11 @@ file (in the page cache after the first pass):
 * ``first rows``: the command until its first 10 rows arrived (``| head``).
 
 Each is reported in MB/s of capture file and packets/s, and as a ratio to the
-batch parser. Results go to ``--out`` (``decode.json``).
+batch parser, next to the CPU seconds it used (``time.process_time`` for the
+stages run in this process, ``getrusage(RUSAGE_CHILDREN)`` for the command's
+process): CPU / wall near 1 is a stage bound by its own computing, well below 1
+one that waits (for the disk, a pipe, a child starting). Results go to
+``--out`` (``decode.json``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -92,10 +97,20 @@ def make_capture(
         return w.packets
 
 
-def _timed(fn) -> tuple[float, Any]:
-    t = time.perf_counter()
+def _children_cpu() -> float:
+    """User + system CPU seconds of this process's terminated, waited-for children."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _timed(fn) -> tuple[float, float, float, Any]:
+    """Run ``fn``; return its wall seconds, the CPU seconds this process spent
+    in it (all threads), those of the children it ran and waited for, and its
+    result."""
+    cpu, kids, t = time.process_time(), _children_cpu(), time.perf_counter()
     out = fn()
-    return time.perf_counter() - t, out
+    wall = time.perf_counter() - t
+    return wall, time.process_time() - cpu, _children_cpu() - kids, out
 
 
 def run(size: int, size_code: int, workers: int, loss_every: int, log=print) -> dict[str, Any]:
@@ -151,10 +166,20 @@ def run(size: int, size_code: int, workers: int, loss_every: int, log=print) -> 
             ("first rows (| head)", first_rows),
         ):
             log(f"  {name} ...")
-            seconds, count = _timed(fn)
-            rows.append({"what": name, "seconds": seconds, "result": count})
+            seconds, cpu_self, cpu_children, count = _timed(fn)
+            rows.append(
+                {
+                    "what": name,
+                    "seconds": seconds,
+                    "cpu_s": cpu_self + cpu_children,
+                    "cpu_self_s": cpu_self,
+                    "cpu_children_s": cpu_children,
+                    "result": count,
+                }
+            )
         base = rows[0]["seconds"]
         for r in rows:
+            r["cpu_per_wall"] = r["cpu_s"] / r["seconds"]
             r["mb_per_s"] = nbytes / 1e6 / r["seconds"]
             r["packets_per_s"] = packets / r["seconds"]
             r["time_vs_batches"] = r["seconds"] / base
@@ -164,7 +189,7 @@ def run(size: int, size_code: int, workers: int, loss_every: int, log=print) -> 
         "size_code": size_code,
         "workers": workers,
         "cpus": os.cpu_count(),
-        "results": rows,
+        "results": rows,  # seconds: wall; cpu_s = cpu_self_s (this process) + cpu_children_s
     }
 
 
@@ -173,12 +198,14 @@ def markdown(data: dict[str, Any]) -> str:
         f"{data['file_bytes'] / 2**20:.0f} MiB capture, {data['packets']} packets "
         f"(size code {data['size_code']}, W={data['workers']}), {data['cpus']} CPUs",
         "",
-        "| what | seconds | MB/s | packets/s | time / parse (batches) |",
-        "|---|---:|---:|---:|---:|",
+        "| what | seconds | CPU s | CPU / wall | MB/s | packets/s | time / parse (batches) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in data["results"]:
+        what = r["what"].replace("|", "\\|")  # "first rows (| head)" in a table cell
         lines.append(
-            f"| {r['what']} | {r['seconds']:.2f} | {r['mb_per_s']:.0f} | "
+            f"| {what} | {r['seconds']:.2f} | {r['cpu_s']:.2f} | {r['cpu_per_wall']:.2f} | "
+            f"{r['mb_per_s']:.0f} | "
             f"{r['packets_per_s'] / 1e3:.0f} k | {r['time_vs_batches']:.1f} |"
         )
     return "\n".join(lines) + "\n"
