@@ -125,6 +125,7 @@ def test_what_the_switch_cannot_do_goes_to_gloo(run):
         assert d["all_gather"] == [[k] * 3 for k in range(W)]
         assert d["max"] == W - 1 and d["int64"] == sum(range(W)) and d["p2p"] == 42.0
         assert d["scatter"] == [10.0 * r["rank"]] * 2
+        assert d["many_all_gathers"]
         assert d["reduce_scatter"] == [W * 2 * r["rank"], W * (2 * r["rank"] + 1)]
         # MAX and int64: gloo; nothing of this went to the switch
         assert d["delegated"] == 2 and d["switch_calls"] == 0
