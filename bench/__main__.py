@@ -119,6 +119,17 @@ def main(argv: list[str] | None = None) -> int:
         "--link-gbps", type=float, default=1.0, help="switch-to-worker link rate (0: unlimited)"
     )
     ov.add_argument("--out", type=Path, default=Path("bench/results"))
+    tr = sub.add_parser(
+        "training", help="DDP training on the emulated rack: switchml vs gloo (needs root)"
+    )
+    tr.add_argument("--workers", type=_list(int), default=[4])
+    tr.add_argument("--rates", type=lambda t: [float(x) for x in t.split(",") if x], default=[1.0])
+    tr.add_argument("--steps", type=int, default=40)
+    tr.add_argument("--hidden", type=int, default=2048)
+    tr.add_argument("--layers", type=int, default=3)
+    tr.add_argument("--batch", type=int, default=64)
+    tr.add_argument("--reps", type=int, default=1)
+    tr.add_argument("--out", type=Path, default=Path("bench/results"))
     args = p.parse_args(argv)
 
     if args.what == "allreduce":
@@ -232,6 +243,27 @@ def main(argv: list[str] | None = None) -> int:
         paths = overlap.write_outputs(data, args.out)
         print(overlap.markdown(data))
         print("written: " + ", ".join(map(str, paths)), file=sys.stderr)
+        return 0
+    if args.what == "training":
+        from cli.extras import require
+
+        require("torch", "python -m bench training")
+        from . import training
+
+        data = training.run(
+            args.workers,
+            args.rates,
+            steps=args.steps,
+            hidden=args.hidden,
+            layers=args.layers,
+            batch=args.batch,
+            reps=args.reps,
+            log=lambda m: print(m, file=sys.stderr),
+        )
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "training.json").write_text(json.dumps(data, indent=2))
+        (args.out / "training.md").write_text(training.markdown(data) + "\n")
+        print(training.markdown(data))
         return 0
     if args.what == "identity":
         from . import identity

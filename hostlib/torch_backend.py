@@ -342,6 +342,52 @@ def _replace_session(options: Options, session_id: int) -> Options:
     return dataclasses.replace(options, session_id=session_id)
 
 
+#: the collectives handed to gloo as they are (see :func:`_delegate`)
+DELEGATED = (
+    "_allgather_base",
+    "_reduce_scatter_base",
+    "allgather",
+    "allgather_coalesced",
+    "allreduce_coalesced",
+    "alltoall",
+    "alltoall_base",
+    "barrier",
+    "broadcast",
+    "gather",
+    "monitored_barrier",
+    "recv",
+    "recv_anysource",
+    "reduce",
+    "reduce_scatter",
+    "scatter",
+    "send",
+)
+
+
+def _delegate(name: str) -> Callable[..., Any]:
+    """A method that hands the collective ``name`` to the group's gloo backend.
+
+    Why not leave them to the base class, which would find gloo as the group's
+    CPU backend by itself: torch's trampoline for Python process groups calls the
+    base implementation with the GIL held, and gloo's worker thread, freeing the
+    previous collective's tensors, needs the GIL while it holds the queue lock
+    that the new collective waits for -- a deadlock seen within a few hundred
+    all_gathers. Gloo's own Python binding releases the GIL before it enqueues."""
+
+    def method(self: SwitchMLProcessGroup, *args: Any, **kwargs: Any) -> dist.Work:
+        return getattr(self._gloo, name)(*args, **kwargs)
+
+    method.__name__ = name
+    method.__qualname__ = f"SwitchMLProcessGroup.{name}"
+    method.__doc__ = f"``{name}`` through the group's gloo backend."
+    return method
+
+
+for _name in DELEGATED:
+    if hasattr(dist.ProcessGroupGloo, _name):
+        setattr(SwitchMLProcessGroup, _name, _delegate(_name))
+
+
 def _packets(n: int, floating: bool, o: Options) -> int:
     """Slots the switch aggregates for one allreduce of ``n`` values: a packet per
     chunk, plus the exponent window of a float call (docs/protocol.md §4)."""
