@@ -260,8 +260,9 @@ def control_plane_error(
     rendezvous: bool = False,
 ) -> ControlPlaneError:
     """The :class:`ControlPlaneError` for a failed control-plane call: it names
-    the controller's address, the call, and what happened in words (the gRPC
-    status in brackets), never gRPC's bare ``UNKNOWN: Unexpected <class ...>``.
+    the controller's address, the call, and what happened in words (with gRPC's
+    status where it adds something), never gRPC's bare ``UNKNOWN: Unexpected
+    <class ...>`` (a Python exception the controller did not handle).
 
     ``exc`` is a ``grpc.RpcError`` (``grpc.aio.AioRpcError``) or a
     ``grpc.aio.UsageError`` (the channel was closed under the call).
