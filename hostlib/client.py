@@ -10,12 +10,16 @@ and the no-progress check.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import ipaddress
 import logging
 import os
+import signal
 import socket
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -575,10 +579,45 @@ _buffer_warned = False
 def _warmup_once() -> None:
     global _warm
     if not _warm:
-        warmup()
-        if fastio.AVAILABLE:
-            fastpath.warmup()
+        with _sigint_noted() as interrupted:
+            try:
+                warmup()
+                if fastio.AVAILABLE:
+                    fastpath.warmup()
+            except Exception:
+                if interrupted:
+                    raise KeyboardInterrupt from None
+                raise
+        if interrupted:
+            raise KeyboardInterrupt
         _warm = True
+
+
+@contextlib.contextmanager
+def _sigint_noted() -> Iterator[list[int]]:
+    """Note every SIGINT while the body runs (the yielded list grows), raising
+    KeyboardInterrupt as usual. Numba compiles through LLVM callbacks called by
+    ctypes, which swallows an exception raised inside them: a Ctrl-C there would
+    be lost or surface as "RuntimeError: no compiled object yet"; the caller
+    turns either into the KeyboardInterrupt the user asked for. Only in the main
+    thread with Python's default handler (elsewhere nothing changes)."""
+    noted: list[int] = []
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield noted
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        noted.append(signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield noted
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _worker_socket(ip: str, port: int, o: Options) -> socket.socket:

@@ -570,7 +570,7 @@ class FastIO:
     def pump(self, fd: int, now: float, result_args: tuple, rx_fd: int | None = None) -> int:
         """:func:`pump` for an allreduce whose ``Allreduce.result_args`` are given:
         receive from ``rx_fd`` (default ``fd``), send from ``fd``."""
-        return pump(now, fd if rx_fd is None else rx_fd, *self._args(result_args), fd)
+        return pump(float(now), fd if rx_fd is None else rx_fd, *self._args(result_args), fd)
 
     def wait(
         self, fd: int, state: np.ndarray, expected: int, no_progress: float, result_args: tuple
@@ -578,8 +578,10 @@ class FastIO:
         """:func:`wait_and_pump` for an allreduce whose ``Allreduce.result_args``
         are given; returns its ``RUN_*`` status."""
         args = self._args(result_args)
+        # int/float exactly as the warm-up typed them: an int ``no_progress`` (60)
+        # would otherwise compile a second specialization inside the first allreduce
         return wait_and_pump(
-            fd, state, self.pollfd, self.ts, expected, no_progress, *args, self.bfd
+            fd, state, self.pollfd, self.ts, int(expected), float(no_progress), *args, self.bfd
         )
 
     def send(self, fd: int, send: np.ndarray, n: int) -> int:
