@@ -826,7 +826,8 @@ class DataPlane:
         self._addr = _AddressCache()
         self.stats = DataPlaneStats()
         self._reading = False
-        self.tap: Callable[[Batch, float], None] | None = None
+        self._tap: Callable[[Batch, float], None] | None = None
+        self._stepwise_ready = False  # its kernels compiled (_compile_stepwise)
         self._queue_capacity = queue_capacity
         self.queue = DelayQueue(0, 1)  # grows to queue_capacity when a fault needs it
         self.link_free = np.zeros((engine.config.max_jobs, MAX_WORKERS), np.float64)
@@ -872,17 +873,40 @@ class DataPlane:
         self.loop.add_reader(self.sock.fileno(), self._on_readable)
         self._reading = True
 
+    @property
+    def tap(self) -> Callable[[Batch, float], None] | None:
+        """The observer of every processed batch, or None (see the module)."""
+        return self._tap
+
+    @tap.setter
+    def tap(self, tap: Callable[[Batch, float], None] | None) -> None:
+        if tap is not None:
+            self._compile_stepwise()  # a tap moves serving to the stepwise path
+        self._tap = tap
+
     def compile(self) -> None:
-        """Compile (or load from the cache) every kernel of both paths now, so
-        that the first packets do not wait for Numba."""
-        _step(0.0, 0, self._counts, *self._io(), *self.engine.kernel_state())
+        """Compile (or load from the cache) the kernels of the path that serves
+        now, so that the first packets do not wait for Numba: the compiled drain
+        (:func:`_drain`, or :func:`_echo_drain`), or the stepwise path when there is
+        a tap or no compiled I/O. The stepwise path of a fast data plane compiles
+        when a tap is installed (:attr:`tap`): a first run compiles only what it
+        uses, seconds less."""
         self._send_due()
         if self.fast and self.echo:
             self._echo()  # the benchmark's echo mode: compiled before it is ready too
-        elif self.fast:
+        elif self.fast and self._tap is None:
             self._drain_fast()  # an empty socket: returns at once, compiled
+        else:
+            self._compile_stepwise()
+
+    def _compile_stepwise(self) -> None:
+        """Compile (or load) the kernels of :meth:`_drain_stepwise`."""
+        if self._stepwise_ready:
+            return
+        _step(0.0, 0, self._counts, *self._io(), *self.engine.kernel_state())
+        if self.fast:
             b, rx = self.batch, self._rx
-            fastio.receive(  # the stepwise path's receive (a capture may start later)
+            fastio.receive(  # nothing to receive: returns at once, compiled
                 self.sock.fileno(),
                 0,
                 b.buf,
@@ -895,6 +919,25 @@ class DataPlane:
                 self.gro,
                 *self._gro.args(zero_copy=False),
             )
+            tx = self._tx
+            fastio.send_batch_gso(  # nothing to send: returns at once, compiled
+                self.sock.fileno(),
+                tx.hdr,
+                tx.hdr_ptr,
+                tx.iov,
+                tx.names,
+                tx.cmsg,
+                tx.cmsg_ptr,
+                0,
+                self._row_ptr,
+                self._row_len,
+                self._send_ip,
+                self._send_port,
+                self.gso_segments,
+            )
+        io = self._io()  # the delay queue's due packets (none, limit 0)
+        faults_mod.due_packets(0.0, *io[13:18], *io[18:22], io[24], io[25], 0)
+        self._stepwise_ready = True
 
     def stop(self) -> None:
         if self._reading:
@@ -1164,13 +1207,17 @@ class DataPlane:
         self.stats.send_errors = int(st[S_SEND_DROPS])
 
 
-def warmup(loop: asyncio.AbstractEventLoop) -> None:
-    """Compile (or load from the cache) every kernel of the data plane's paths,
+def warmup(loop: asyncio.AbstractEventLoop, tap: bool = False) -> None:
+    """Compile (or load from the cache) every kernel of the data plane's path,
     on a throwaway engine and an unbound socket: a server calls this before it
-    binds any port, so that nobody reaches it while it compiles."""
+    binds any port, so that nobody reaches it while it compiles. ``tap``: the
+    server will install a tap (a capture), so the stepwise path serves."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.setblocking(False)
-        DataPlane(SwitchEngine(EngineConfig(pool_size=4, max_jobs=1)), sock, loop).compile()
+        data = DataPlane(SwitchEngine(EngineConfig(pool_size=4, max_jobs=1)), sock, loop)
+        if tap:
+            data.tap = lambda batch, now: None
+        data.compile()
 
 
 def bind_udp(host: str, port: int) -> socket.socket:

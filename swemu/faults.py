@@ -103,6 +103,15 @@ class DelayQueue:
         return float(self.due[busy].min()) if busy.any() else None
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _copy_row(dst, src, n):
+    """The first ``n`` bytes of ``src`` into ``dst``. A loop rather than
+    ``dst[:n] = src[:n]``: a slice assignment brings Numba's shape-mismatch
+    error path (string formatting), some two seconds of first-run compile."""
+    for b in range(n):
+        dst[b] = src[b]
+
+
 @njit(cache=True, nogil=True)
 def duplicate_rows(buf, lens, ip, port, n, cap, addr_keys, addr_vals, faults, fault_counters):
     """Duplicate received rows whose worker has ``duplicate`` > 0 and whose coin
@@ -140,7 +149,7 @@ def duplicate_rows(buf, lens, ip, port, n, cap, addr_keys, addr_vals, faults, fa
             pos -= 1
             if pos != r:
                 ln = min(max(lens[r], 0), width)
-                buf[pos, :ln] = buf[r, :ln]
+                _copy_row(buf[pos], buf[r], ln)
                 lens[pos] = lens[r]
                 ip[pos] = ip[r]
                 port[pos] = port[r]
@@ -218,7 +227,7 @@ def egress(
         if qpos == qcap:
             fault_counters[j, K.F_QUEUE_DROPS] += 1
             continue
-        q_buf[qpos, :plen] = out_buf[r, :plen]
+        _copy_row(q_buf[qpos], out_buf[r], min(plen, q_buf.shape[1]))
         q_len[qpos] = plen
         q_due[qpos] = due
         q_ip[qpos] = dest_ip[d]
