@@ -89,6 +89,13 @@ def main(argv: list[str] | None = None) -> int:
         "--tree", type=Path, action="append", default=[], help="another source tree to compare"
     )
     f.add_argument("--out", type=Path, default=Path("bench/results"))
+    c = sub.add_parser("compile", help="what a first run compiles, per kernel (CPU seconds)")
+    c.add_argument("--rounds", type=int, default=1)
+    c.add_argument("--dtype", choices=["float32", "int32"], default="float32")
+    c.add_argument(
+        "--tree", type=Path, action="append", default=[], help="another source tree to compare"
+    )
+    c.add_argument("--out", type=Path, default=Path("bench/results"))
     so = sub.add_parser("soak", help="consecutive jobs against one emulator: memory stays flat")
     so.add_argument("--jobs", type=int, default=1000)
     so.add_argument("--workers", type=int, default=2)
@@ -190,6 +197,20 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "firstrun.json").write_text(json.dumps(data, indent=2))
         (args.out / "firstrun.md").write_text(firstrun.markdown(data))
         print(firstrun.markdown(data))
+        return 0
+    if args.what == "compile":
+        from . import compile as compile_bench
+
+        data = compile_bench.run(
+            args.rounds,
+            [t.resolve() for t in args.tree],
+            args.dtype,
+            log=lambda m: print(m, file=sys.stderr),
+        )
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "compile.json").write_text(json.dumps(data, indent=2))
+        (args.out / "compile.md").write_text(compile_bench.markdown(data))
+        print(compile_bench.markdown(data))
         return 0
     if args.what == "soak":
         from . import soak

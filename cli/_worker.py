@@ -3,11 +3,13 @@ deterministic inputs, check every result, report each iteration as one JSON
 line as it finishes (the launcher's table grows row by row) and a last line
 with the whole report.
 
-``python -m cli._worker --warm-up`` is the launcher's one compile step instead:
-it compiles (or loads from Numba's cache) every kernel a worker uses, once, so
-that the N workers started after it load them from the cache rather than each
-compiling the same kernels at the same time. It prints :data:`COMPILING` when
-the cache missed (a first run), then ``WARM <seconds>``.
+``python -m cli._worker --warm-up [DTYPE]`` is the launcher's one compile step
+instead: it compiles (or loads from Numba's cache) every kernel a worker uses,
+once, so that the N workers started after it load them from the cache rather
+than each compiling the same kernels at the same time; with a DTYPE (int32 or
+float32, the built-in workers' ``--dtype``) only that type's test data
+kernels (the library's own are warmed for both, as each worker's context does). It prints
+:data:`COMPILING` when the cache missed (a first run), then ``WARM <seconds>``.
 """
 
 from __future__ import annotations
@@ -74,10 +76,10 @@ def _in_table_terms(message: str, phase: str) -> str:
     return re.sub(r"^allreduce #\d+", phase, message)
 
 
-def warm_up() -> int:
-    """Compile or load every kernel of a ``switchml run`` worker, in this one
-    process. Says :data:`COMPILING` as soon as Numba compiles anything (its
-    ``numba:compile`` event fires only on a cache miss)."""
+def warm_up(dtypes: tuple[str, ...] = ("int32", "float32")) -> int:
+    """Compile or load every kernel of a ``switchml run`` worker (its test data
+    kernels for ``dtypes``), in this one process. Says :data:`COMPILING` as soon as Numba compiles
+    anything (its ``numba:compile`` event fires only on a cache miss)."""
     t0 = time.perf_counter()
     from numba.core import event
 
@@ -98,15 +100,17 @@ def warm_up() -> int:
     from hostlib.testdata import check_result, worker_input
     from swemu import fastio
 
-    warmup()
+    warmup()  # both dtypes, as each worker's context does (hostlib.client)
     if fastio.AVAILABLE:
         fastpath.warmup()
-    for dtype in (np.int32, np.float32):  # the built-in workers' inputs and checks
-        x = worker_input(0, 64, 0, dtype)
+    for dtype in dtypes:  # the built-in workers' inputs and checks
+        x = worker_input(0, 64, 0, np.dtype(dtype))
         check_result(x, 1, 0, 64)
     print(f"{WARM_PREFIX}{time.perf_counter() - t0:.3f}", flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(warm_up() if sys.argv[1:] == ["--warm-up"] else main())
+    if sys.argv[1:2] == ["--warm-up"]:
+        sys.exit(warm_up(tuple(sys.argv[2:]) or ("int32", "float32")))
+    sys.exit(main())

@@ -149,7 +149,7 @@ def run(
         if local:
             emu = EmulatorProcess(shards=shards)
             stack.callback(emu.stop)
-        _start_up(emu)
+        _start_up(emu, None if command else dtype)
         if emu is not None:
             switch, control = emu.switch, emu.control
             shown = f"{switch} (+{shards - 1} shards on the next ports)" if shards > 1 else switch
@@ -221,10 +221,12 @@ def _on_hangup(signum: int, frame: object) -> None:
     raise Terminated
 
 
-def _start_up(emu) -> None:
+def _start_up(emu, dtype: str | None = None) -> None:
     """Start the local emulator (if any) and the kernel warm-up side by side
     and wait for both. On a first run (the warm-up's Numba cache missed) say so,
-    with the time it took; in a terminal, a line counts the seconds."""
+    with the time it took; in a terminal, a line counts the seconds. ``dtype``:
+    the built-in workers' element type (only its kernels are warmed up); None
+    for a user's command (both)."""
     import subprocess
     import sys
     import time
@@ -235,7 +237,7 @@ def _start_up(emu) -> None:
 
     t0 = time.monotonic()
     warm = spawn(
-        [sys.executable, "-m", "cli._worker", "--warm-up"],
+        [sys.executable, "-m", "cli._worker", "--warm-up", *([dtype] if dtype else [])],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

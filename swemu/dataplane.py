@@ -20,8 +20,9 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numba
 import numpy as np
-from numba import njit
+from numba import njit, types
 
 from . import fastio
 from . import faults as faults_mod
@@ -91,7 +92,7 @@ IDLE_MS = 1
 
 
 @njit(cache=True, nogil=True)
-def _switch_batch(now, n, counts, io, state, row_addr):
+def _switch_batch(now, n, counts, io, state, row_addr, faulty):
     """One received batch through the switch: injected duplicates, the §2
     kernel, then loss/delay/link rate on the way out.
 
@@ -100,7 +101,14 @@ def _switch_batch(now, n, counts, io, state, row_addr):
     batch's rows, or where ``row_addr`` says (zero-copy GRO, see
     :func:`swemu.kernels._process_batch`). Returns how many packets leave now
     (in the send list); ``counts`` gets the rows processed (with duplicates) and
-    the kernel's destination count."""
+    the kernel's destination count.
+
+    ``faulty`` is :attr:`SwitchEngine.fault_flags`, or None when no fault acts
+    on the way through the switch (:meth:`DataPlane._faulty`). None is a type of
+    its own: Numba compiles a variant without the fault stages (the branches on
+    it are pruned before typing), and the variant with them only when faults
+    are first configured (:meth:`DataPlane._on_fault_flags`); a first run
+    compiles a third less. Loss on the way in is the kernel's own, in both."""
     (
         buf,
         lens,
@@ -128,10 +136,10 @@ def _switch_batch(now, n, counts, io, state, row_addr):
         out_stride,
         _q_base,
         _q_stride,
-        fault_flags,
+        _fault_flags,
     ) = io
     addr_keys, addr_vals, faults, fault_counters = state[0], state[1], state[15], state[16]
-    if fault_flags[FLAG_DUPLICATE]:
+    if faulty is not None and faulty[FLAG_DUPLICATE]:
         if row_addr.shape[0] > 0:
             # duplicates are made among the rows: copy the datagrams in first
             for r in range(n):
@@ -163,6 +171,20 @@ def _switch_batch(now, n, counts, io, state, row_addr):
     )
     counts[0] = n
     counts[1] = nd
+    if faulty is None:
+        return faults_mod.leave_now(
+            nd,
+            out_len,
+            dest_row,
+            dest_ip,
+            dest_port,
+            out_base,
+            out_stride,
+            row_ptr,
+            row_len,
+            send_ip,
+            send_port,
+        )
     return faults_mod.egress(
         now,
         nd,
@@ -187,7 +209,7 @@ def _switch_batch(now, n, counts, io, state, row_addr):
         row_len,
         send_ip,
         send_port,
-        fault_flags[FLAG_EGRESS],
+        faulty[FLAG_EGRESS],
     )
 
 
@@ -283,6 +305,7 @@ def _step(
     fault_counters,
     shard,
     job_bcast,
+    faulty,
 ):
     """:func:`_switch_batch` with its arrays as separate arguments: the form to
     call from Python (Numba types separate array arguments much faster than
@@ -337,7 +360,7 @@ def _step(
         shard,
         job_bcast,
     )
-    return _switch_batch(now, n, counts, io, state, np.zeros(0, np.int64))
+    return _switch_batch(now, n, counts, io, state, np.zeros(0, np.int64), faulty)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -458,13 +481,15 @@ def _drain(
     fault_counters,
     shard,
     job_bcast,
+    faulty,
 ):
     """The whole per-packet path in compiled code: send what the delay queue
     holds that is due, then repeatedly recvmmsg a batch, run it through the
     switch (:func:`_switch_batch`) and sendmmsg the results, until the socket is
     empty or after ``max_batches`` (to let the event loop breathe). Returns the
     packets received. Arguments: the message vectors, then :meth:`DataPlane._io`
-    and :meth:`SwitchEngine.kernel_state`, unpacked.
+    and :meth:`SwitchEngine.kernel_state`, unpacked, then ``faulty`` (see
+    :func:`_switch_batch`: without faults there is no delay queue either).
 
     The arrays go on as owner-less views (:func:`swemu.rawmem.unowned`): every
     compiled callee takes its array arguments (tuples of them included) as new
@@ -586,7 +611,8 @@ def _drain(
     total = 0
     t_end = _slice_end(slice_s, ts)
     while True:
-        _send_due_fast(now, fd, tx, io, stats)
+        if faulty is not None:
+            _send_due_fast(now, fd, tx, io, stats)
         more = False
         for _ in range(max_batches):
             n, more = fastio.receive(
@@ -617,7 +643,9 @@ def _drain(
                 break
             # with GRO in zero-copy mode (g_addr not empty) the datagrams stay where
             # the kernel landed them; otherwise they are the rows of buf
-            m = _switch_batch(now, n, counts, io, state, g_addr if gro else g_addr[:0])
+            m = _switch_batch(
+                now, n, counts, io, state, g_addr if gro else g_addr[:0], unowned(faulty)
+            )
             sent = fastio.send_batch_gso(
                 fd,
                 tx_hdr,
@@ -826,7 +854,9 @@ class DataPlane:
         self._addr = _AddressCache()
         self.stats = DataPlaneStats()
         self._reading = False
-        self.tap: Callable[[Batch, float], None] | None = None
+        self._tap: Callable[[Batch, float], None] | None = None
+        self._stepwise_ready = False  # its kernels compiled (_compile_stepwise)
+        engine.fault_hooks.append(self._on_fault_flags)
         self._queue_capacity = queue_capacity
         self.queue = DelayQueue(0, 1)  # grows to queue_capacity when a fault needs it
         self.link_free = np.zeros((engine.config.max_jobs, MAX_WORKERS), np.float64)
@@ -865,6 +895,32 @@ class DataPlane:
         """Allocate the delay queue (done when a fault that delays is configured)."""
         if self.queue.len.shape[0] == 0:
             self.queue = DelayQueue(self._queue_capacity)
+        self._on_fault_flags()
+
+    def _faulty(self) -> np.ndarray | None:
+        """The ``faulty`` argument of the compiled paths (:func:`_switch_batch`):
+        the engine's fault flags while a fault acts on the way through the switch
+        or the delay queue exists (it may hold packets), else None (the variant
+        without fault stages)."""
+        flags = self.engine.fault_flags
+        if flags[FLAG_DUPLICATE] or flags[FLAG_EGRESS] or self.queue.len.shape[0]:
+            return flags
+        return None
+
+    def _on_fault_flags(self) -> None:
+        """Faults changed (:attr:`SwitchEngine.fault_hooks`): if they now act,
+        compile (or load from the cache) the variants with fault stages of the
+        paths compiled so far, here, before a packet needs them. On a first run
+        that is a few seconds while the control-plane call that configured the
+        faults waits; nothing is lost (datagrams wait in the socket's buffer)."""
+        flags = self._faulty()
+        if flags is None:
+            return
+        flags_t = numba.typeof(flags)
+        for kernel in (_drain, _step):
+            for sig in list(kernel.signatures):
+                if isinstance(sig[-1], types.NoneType):
+                    kernel.compile((*sig[:-1], flags_t))
 
     def start(self) -> None:
         self.sock.setblocking(False)
@@ -872,29 +928,79 @@ class DataPlane:
         self.loop.add_reader(self.sock.fileno(), self._on_readable)
         self._reading = True
 
+    @property
+    def tap(self) -> Callable[[Batch, float], None] | None:
+        """The observer of every processed batch, or None (see the module)."""
+        return self._tap
+
+    @tap.setter
+    def tap(self, tap: Callable[[Batch, float], None] | None) -> None:
+        if tap is not None:
+            self._compile_stepwise()  # a tap moves serving to the stepwise path
+        self._tap = tap
+
     def compile(self) -> None:
-        """Compile (or load from the cache) every kernel of both paths now, so
-        that the first packets do not wait for Numba."""
-        _step(0.0, 0, self._counts, *self._io(), *self.engine.kernel_state())
+        """Compile (or load from the cache) the kernels of the path that serves
+        now, so that the first packets do not wait for Numba: the compiled drain
+        (:func:`_drain`, or :func:`_echo_drain`), or the stepwise path when there is
+        a tap or no compiled I/O. The stepwise path of a fast data plane compiles
+        when a tap is installed (:attr:`tap`): a first run compiles only what it
+        uses, seconds less."""
         self._send_due()
         if self.fast and self.echo:
             self._echo()  # the benchmark's echo mode: compiled before it is ready too
-        elif self.fast:
+        elif self.fast and self._tap is None:
+            # the receive path first: a worker's warm-up started beside this
+            # emulator (switchml run) uses the same kernels and loads them from
+            # the cache if they are there by then
+            self._receive_nothing()
             self._drain_fast()  # an empty socket: returns at once, compiled
-            b, rx = self.batch, self._rx
-            fastio.receive(  # the stepwise path's receive (a capture may start later)
+        else:
+            self._compile_stepwise()
+
+    def _receive_nothing(self) -> None:
+        """Call :func:`fastio.receive` for no datagrams (compiles or loads it)."""
+        b, rx = self.batch, self._rx
+        fastio.receive(
+            self.sock.fileno(),
+            0,
+            b.buf,
+            b.lens,
+            b.ip,
+            b.port,
+            rx.hdr,
+            rx.hdr_ptr,
+            rx.names,
+            self.gro,
+            *self._gro.args(zero_copy=False),
+        )
+
+    def _compile_stepwise(self) -> None:
+        """Compile (or load) the kernels of :meth:`_drain_stepwise`."""
+        if self._stepwise_ready:
+            return
+        _step(0.0, 0, self._counts, *self._io(), *self.engine.kernel_state(), self._faulty())
+        if self.fast:
+            self._receive_nothing()
+            tx = self._tx
+            fastio.send_batch_gso(  # nothing to send: returns at once, compiled
                 self.sock.fileno(),
+                tx.hdr,
+                tx.hdr_ptr,
+                tx.iov,
+                tx.names,
+                tx.cmsg,
+                tx.cmsg_ptr,
                 0,
-                b.buf,
-                b.lens,
-                b.ip,
-                b.port,
-                rx.hdr,
-                rx.hdr_ptr,
-                rx.names,
-                self.gro,
-                *self._gro.args(zero_copy=False),
+                self._row_ptr,
+                self._row_len,
+                self._send_ip,
+                self._send_port,
+                self.gso_segments,
             )
+        io = self._io()  # the delay queue's due packets (none, limit 0)
+        faults_mod.due_packets(0.0, *io[13:18], *io[18:22], io[24], io[25], 0)
+        self._stepwise_ready = True
 
     def stop(self) -> None:
         if self._reading:
@@ -989,6 +1095,7 @@ class DataPlane:
             *self._slice_args(),
             *self._io(),
             *self.engine.kernel_state(),
+            self._faulty(),
         )
         self._sync_stats()
 
@@ -1043,7 +1150,9 @@ class DataPlane:
             if n == 0:
                 break
             now = self.loop.time()
-            m = _step(now, n, self._counts, *self._io(), *self.engine.kernel_state())
+            m = _step(
+                now, n, self._counts, *self._io(), *self.engine.kernel_state(), self._faulty()
+            )
             if self.tap is not None:
                 b.n, b.n_dest = int(self._counts[0]), int(self._counts[1])
                 self.tap(b, now)
@@ -1164,13 +1273,17 @@ class DataPlane:
         self.stats.send_errors = int(st[S_SEND_DROPS])
 
 
-def warmup(loop: asyncio.AbstractEventLoop) -> None:
-    """Compile (or load from the cache) every kernel of the data plane's paths,
+def warmup(loop: asyncio.AbstractEventLoop, tap: bool = False) -> None:
+    """Compile (or load from the cache) every kernel of the data plane's path,
     on a throwaway engine and an unbound socket: a server calls this before it
-    binds any port, so that nobody reaches it while it compiles."""
+    binds any port, so that nobody reaches it while it compiles. ``tap``: the
+    server will install a tap (a capture), so the stepwise path serves."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.setblocking(False)
-        DataPlane(SwitchEngine(EngineConfig(pool_size=4, max_jobs=1)), sock, loop).compile()
+        data = DataPlane(SwitchEngine(EngineConfig(pool_size=4, max_jobs=1)), sock, loop)
+        if tap:
+            data.tap = lambda batch, now: None
+        data.compile()
 
 
 def bind_udp(host: str, port: int) -> socket.socket:

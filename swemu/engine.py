@@ -306,6 +306,8 @@ class SwitchEngine:
         # control-plane state the kernel does not read (swemu.controller's model)
         self.switch_address: SwitchAddress | None = None
         self.release_hooks: list[Callable[[Job], None]] = []  # called as a job is freed
+        # called after refresh_fault_flags (the data plane compiles its fault stages)
+        self.fault_hooks: list[Callable[[], None]] = []
         self._controller: SessionController | None = None
 
     # ------------------------------------------------------------------ control
@@ -518,6 +520,8 @@ class SwitchEngine:
             self.faults[..., K.P_DUPLICATE].any() or self.fault_defaults[K.P_DUPLICATE] > 0
         )
         self.fault_flags[1] = bool(self.faults[..., out].any() or self.fault_defaults[out].any())
+        for hook in self.fault_hooks:
+            hook()
 
     def kernel_state(self) -> tuple:
         """The switch-state arguments of the data-plane kernels, in their order.

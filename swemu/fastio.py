@@ -189,9 +189,11 @@ def send_batch(fd, hdr, hdr_ptr, iov, names, n, row_ptr, row_len, dst_ip, dst_po
     return sent
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def set_name(names, i, ip, port):
-    """Write (ip, port) into ``struct sockaddr_in`` row ``i`` of ``names``."""
+    """Write (ip, port) into ``struct sockaddr_in`` row ``i`` of ``names``.
+    (Inlined where it is used: as a function of its own it compiled twice per
+    process, for a literal 0 and for int64.)"""
     nm = names[i]
     nm[2] = np.uint8((port >> 8) & 0xFF)
     nm[3] = np.uint8(port & 0xFF)

@@ -103,6 +103,15 @@ class DelayQueue:
         return float(self.due[busy].min()) if busy.any() else None
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _copy_row(dst, src, n):
+    """The first ``n`` bytes of ``src`` into ``dst``. A loop rather than
+    ``dst[:n] = src[:n]``: a slice assignment brings Numba's shape-mismatch
+    error path (string formatting), some two seconds of first-run compile."""
+    for b in range(n):
+        dst[b] = src[b]
+
+
 @njit(cache=True, nogil=True)
 def duplicate_rows(buf, lens, ip, port, n, cap, addr_keys, addr_vals, faults, fault_counters):
     """Duplicate received rows whose worker has ``duplicate`` > 0 and whose coin
@@ -140,11 +149,37 @@ def duplicate_rows(buf, lens, ip, port, n, cap, addr_keys, addr_vals, faults, fa
             pos -= 1
             if pos != r:
                 ln = min(max(lens[r], 0), width)
-                buf[pos, :ln] = buf[r, :ln]
+                _copy_row(buf[pos], buf[r], ln)
                 lens[pos] = lens[r]
                 ip[pos] = ip[r]
                 port[pos] = port[r]
     return n + extra
+
+
+@njit(cache=True, nogil=True, inline="always")
+def leave_now(
+    nd,
+    out_len,
+    dest_row,
+    dest_ip,
+    dest_port,
+    out_base,
+    out_stride,
+    row_ptr,
+    row_len,
+    send_ip,
+    send_port,
+):
+    """:func:`egress` where no fault acts on the way out: the ``nd``
+    destinations of a batch all leave now, in order, in the send list. Returns
+    ``nd``. (The data plane's variant without fault stages calls this.)"""
+    for d in range(nd):
+        r = dest_row[d]
+        row_ptr[d] = out_base + out_stride * r
+        row_len[d] = out_len[r]
+        send_ip[d] = dest_ip[d]
+        send_port[d] = dest_port[d]
+    return nd
 
 
 @njit(cache=True, nogil=True)
@@ -218,7 +253,7 @@ def egress(
         if qpos == qcap:
             fault_counters[j, K.F_QUEUE_DROPS] += 1
             continue
-        q_buf[qpos, :plen] = out_buf[r, :plen]
+        _copy_row(q_buf[qpos], out_buf[r], min(plen, q_buf.shape[1]))
         q_len[qpos] = plen
         q_due[qpos] = due
         q_ip[qpos] = dest_ip[d]

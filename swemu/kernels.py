@@ -417,16 +417,19 @@ COUNT_T = numba.types.int32[::1]
 
 
 @njit(cache=True)
-def _new_pools(n):
+def _new_pools(n, v0, e0, b0, c0):
+    # the empty arrays come from Python (np.zeros in here compiled its own
+    # helpers for three dtypes: half a second of a first run); sharing them is
+    # safe, an entry is replaced (set_pool), never written into
     values = numba.typed.List.empty_list(VALUES_T)
     exps = numba.typed.List.empty_list(EXPS_T)
     bitmap = numba.typed.List.empty_list(BITMAP_T)
     count = numba.typed.List.empty_list(COUNT_T)
     for _ in range(n):
-        values.append(np.zeros(0, np.uint32))
-        exps.append(np.zeros(0, np.int8))
-        bitmap.append(np.zeros(0, np.uint32))
-        count.append(np.zeros(0, np.int32))
+        values.append(v0)
+        exps.append(e0)
+        bitmap.append(b0)
+        count.append(c0)
     return values, exps, bitmap, count
 
 
@@ -441,7 +444,13 @@ def new_pools(n: int) -> tuple:
             [np.zeros(0, np.uint32) for _ in range(n)],
             [np.zeros(0, np.int32) for _ in range(n)],
         )
-    return _new_pools(n)
+    return _new_pools(
+        n,
+        np.zeros(0, np.uint32),
+        np.zeros(0, np.int8),
+        np.zeros(0, np.uint32),
+        np.zeros(0, np.int32),
+    )
 
 
 @njit(cache=True)

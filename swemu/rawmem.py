@@ -7,61 +7,109 @@ Made per packet, that was about a tenth of a worker's CPU. :func:`words_at`
 makes the same view over the same bytes with no owner and no reference
 counting; the caller keeps the underlying buffer alive, as it does anyway for
 the duration of the compiled call.
+
+The arrays are built by two intrinsics (the array structure filled in
+directly) rather than with ``numba.carray``: ``carray`` is an overload that
+Numba compiles as a separate library for every array type it is used with
+(about a second of first-run compile time in the emulator, half that in a
+worker, for the same machine code once inlined).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import carray, njit, types
+from numba import njit, types
 from numba.core import cgutils
 from numba.core.errors import TypingError
-from numba.extending import intrinsic, overload
+from numba.core.imputils import impl_ret_borrowed, lower_builtin
+from numba.extending import intrinsic, type_callable
+from numba.np.arrayobj import make_array, populate_array
 
 
 @intrinsic
-def _voidptr(typingctx, addr):
-    """The integer ``addr`` as a ``void *``."""
-    if not isinstance(addr, types.Integer):
+def _vector_at(typingctx, addr, n, dtype):
+    """``n`` items of ``dtype`` (a NumPy scalar class) at byte address ``addr``:
+    a 1-d C-contiguous array with no owner (what ``carray`` returns)."""
+    if not isinstance(addr, types.Integer) or not isinstance(n, types.Integer):
         return None
+    if not isinstance(dtype, types.NumberClass):
+        return None
+    ret = types.Array(dtype.instance_type, 1, "C")
 
     def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], cgutils.voidptr_t)
+        addr_v, n_v, _ = args
+        intp = context.get_value_type(types.intp)
+        size = context.get_abi_sizeof(context.get_data_type(ret.dtype))
+        itemsize = context.get_constant(types.intp, size)
+        out = make_array(ret)(context, builder)
+        data = builder.inttoptr(
+            context.cast(builder, addr_v, signature.args[0], types.intp), out.data.type
+        )
+        count = context.cast(builder, n_v, signature.args[1], types.intp)
+        populate_array(
+            out,
+            data=data,
+            shape=cgutils.pack_array(builder, [count], ty=intp),
+            strides=cgutils.pack_array(builder, [itemsize], ty=intp),
+            itemsize=itemsize,
+            meminfo=None,
+        )
+        return out._getvalue()
 
-    return types.voidptr(addr), codegen
+    return ret(addr, n, dtype), codegen
 
 
 @njit(cache=True, nogil=True, inline="always")
 def words_at(addr, n):
     """``n`` uint32 words (native order, any alignment x86/arm64 accept) at byte
     address ``addr``, as an array that does not own or count its memory."""
-    return carray(_voidptr(addr), n, np.uint32)
+    return _vector_at(addr, n, np.uint32)
 
 
 @njit(cache=True, nogil=True, inline="always")
 def bytes_at(addr, n):
     """``n`` bytes at address ``addr``, as an array that does not own or count
     its memory (a datagram where the kernel left it, say)."""
-    return carray(_voidptr(addr), n, np.uint8)
+    return _vector_at(addr, n, np.uint8)
 
 
 def unowned(a):
     """The same array as ``a`` (shape, dtype, memory), without its owner: passed
     to or inlined into per-packet helpers, it costs no reference counting
     (atomic instructions, each waiting for earlier stores to drain). The
-    caller keeps ``a`` alive. In compiled code only (an overload); anything
-    that is not an array passes through unchanged, and an array that is not
-    C-contiguous is a typing error. Called from Python it returns ``a``."""
+    caller keeps ``a`` alive. In compiled code the array structure is copied
+    without its meminfo (typed and lowered directly: nothing to compile per
+    array type); anything that is not an array passes through unchanged, and an
+    array that is not C-contiguous is a typing error. Called from Python it
+    returns ``a``."""
     return a
 
 
-@overload(unowned, inline="always")
-def _unowned(a):
-    if not isinstance(a, types.Array):
-        return lambda a: a
-    if a.layout != "C":
-        raise TypingError(f"unowned needs a C-contiguous array, not {a}")
+@type_callable(unowned)
+def _type_unowned(context):
+    def typer(a):
+        if not isinstance(a, types.Array):
+            return a
+        if a.layout != "C":
+            raise TypingError(f"unowned needs a C-contiguous array, not {a}")
+        return types.Array(a.dtype, a.ndim, "C")
 
-    def impl(a):
-        return carray(_voidptr(a.ctypes.data), a.shape, a.dtype)
+    return typer
 
-    return impl
+
+@lower_builtin(unowned, types.Any)
+def _lower_unowned(context, builder, sig, args):
+    (aty,), (value,) = sig.args, args
+    if not isinstance(aty, types.Array):
+        return impl_ret_borrowed(context, builder, sig.return_type, value)
+    src = make_array(aty)(context, builder, value=value)
+    out = make_array(sig.return_type)(context, builder)
+    populate_array(
+        out,
+        data=src.data,
+        shape=src.shape,
+        strides=src.strides,
+        itemsize=src.itemsize,
+        meminfo=None,
+    )
+    return out._getvalue()

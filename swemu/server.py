@@ -260,8 +260,8 @@ class Emulator:
         is answered at once (a p4app-switchML client that registered during the
         compilation got ``CANCELLED``)."""
         self._loop = asyncio.get_running_loop()
+        dataplane_warmup(self._loop, tap=self._pcap is not None)  # its receive path first
         warmup()
-        dataplane_warmup(self._loop)
         self._sock = bind_udp(self.host, self.requested_port)
         self.port = self._sock.getsockname()[1]
         advice = buffer_advice(receive_buffer(self._sock), SWITCH_BUFFER_BYTES, "the emulator")

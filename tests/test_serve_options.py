@@ -97,9 +97,9 @@ async def test_ports_are_bound_only_after_the_kernels_are_compiled(monkeypatch):
     real_warmup, real_bind = server.dataplane_warmup, server.bind_udp
     real_control = server.start_control_server
 
-    def warmup(loop):
+    def warmup(loop, **kwargs):
         order.append("compile")
-        real_warmup(loop)
+        real_warmup(loop, **kwargs)
 
     def bind(host, port):
         order.append("bind udp")

@@ -1,0 +1,161 @@
+"""``python -m bench compile``: what the first run compiles, per kernel, in CPU seconds.
+
+A first ``switchml run`` compiles in two processes side by side (see
+docs/running.md): the local emulator (the data plane's kernels, then the
+engine's) and one warm-up process (``python -m cli._worker --warm-up``, the
+workers' kernels). This benchmark does the same two compile steps, each in a
+fresh process with an empty ``NUMBA_CACHE_DIR``, and records every Numba
+compilation (its ``numba:compile`` events) with the CPU time it took, inclusive
+(with the kernels it compiled on the way: callees are compiled, and then linked
+into and optimized again with, each caller) and exclusive. CPU seconds, not
+wall: a loaded machine stretches wall time more than CPU time.
+
+``--tree`` measures other source trees too (an export of an older commit, say),
+interleaved with this one, each part in its own process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PARTS = ("emulator", "worker")
+
+
+def _child(part: str, dtype: str) -> dict[str, Any]:
+    """Run one compile step here, with a listener on Numba's compile events."""
+    from numba.core import event
+
+    t_start = time.process_time()
+    stack: list[list[Any]] = []
+    rows: list[dict[str, Any]] = []
+
+    class _Listener(event.Listener):
+        def on_start(self, ev: event.Event) -> None:
+            stack.append([ev.data["dispatcher"], ev.data["args"], time.process_time(), 0.0])
+
+        def on_end(self, ev: event.Event) -> None:
+            disp, args, t0, inner = stack.pop()
+            incl = time.process_time() - t0
+            if stack:
+                stack[-1][3] += incl
+            fn = disp.py_func
+            rows.append(
+                {
+                    "kernel": f"{fn.__module__}.{fn.__qualname__}",
+                    "args": str(args),
+                    "incl_s": incl,
+                    "excl_s": incl - inner,
+                }
+            )
+
+    event.register("numba:compile", _Listener())
+    t0 = time.process_time()
+    w0 = time.perf_counter()
+    if part == "emulator":  # what EmulatorServer.start does before it binds a port
+        import asyncio
+
+        from swemu.dataplane import warmup as dataplane_warmup
+        from swemu.engine import warmup
+
+        dataplane_warmup(asyncio.new_event_loop())
+        warmup()
+    else:
+        from cli import _worker
+
+        try:
+            _worker.warm_up((dtype,))
+        except TypeError:  # a tree whose warm-up takes no dtype (both)
+            _worker.warm_up()
+    return {
+        "part": part,
+        "cpu_s": time.process_time() - t0,
+        "wall_s": time.perf_counter() - w0,
+        "import_cpu_s": t0 - t_start,
+        "compiles": len(rows),
+        "rows": rows,
+    }
+
+
+def _one(tree: Path, part: str, dtype: str, timeout: float) -> dict[str, Any]:
+    """One compile step of ``tree`` in a fresh process and an empty cache."""
+    with tempfile.TemporaryDirectory(prefix="swemu-bench-numba-") as cache:
+        env = dict(os.environ, PYTHONPATH=str(tree), NUMBA_CACHE_DIR=cache)
+        proc = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), "--child", part, dtype],
+            cwd=tree,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"{tree} {part}: exit {proc.returncode}: {last}")
+    line = proc.stdout.strip().splitlines()[-1]
+    return {"tree": str(tree), **json.loads(line)}
+
+
+def run(
+    rounds: int = 1,
+    trees: list[Path] | None = None,
+    dtype: str = "float32",
+    timeout: float = 900.0,
+    log: Callable[[str], None] = lambda m: None,
+) -> dict[str, Any]:
+    """Each compile step of each tree, ``rounds`` times, interleaved."""
+    trees = [ROOT, *(trees or [])]
+    results = []
+    for r in range(rounds):
+        for tree in trees:
+            for part in PARTS:
+                res = _one(tree, part, dtype, timeout)
+                res["round"] = r
+                log(
+                    f"round {r} {tree} {part}: {res['cpu_s']:.1f} s CPU, "
+                    f"{res['compiles']} compilations"
+                )
+                results.append(res)
+    return {"dtype": dtype, "cpus": os.cpu_count(), "results": results}
+
+
+def markdown(data: dict[str, Any], top: int = 15) -> str:
+    """Totals per tree and step, then the costliest kernels of this tree."""
+    out = [
+        f"Compile steps of a first `switchml run` (--dtype {data['dtype']}), each in a fresh "
+        f"process with an empty Numba cache; CPU seconds; {data['cpus']} CPUs",
+        "",
+        "| round | tree | step | CPU (s) | wall (s) | compilations |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in data["results"]:
+        out.append(
+            f"| {r['round']} | {r['tree']} | {r['part']} | {r['cpu_s']:.1f} | "
+            f"{r['wall_s']:.1f} | {r['compiles']} |"
+        )
+    mine = [r for r in data["results"] if r["tree"] == str(ROOT) and r["round"] == 0]
+    for r in mine:
+        out += [
+            "",
+            f"{r['part']} ({r['tree']}): the {top} costliest compilations "
+            "(inclusive: with the callees compiled on the way)",
+            "",
+            "| kernel | exclusive CPU (s) | inclusive CPU (s) |",
+            "|---|---|---|",
+        ]
+        for row in sorted(r["rows"], key=lambda x: -x["excl_s"])[:top]:
+            out.append(f"| `{row['kernel']}` | {row['excl_s']:.2f} | {row['incl_s']:.2f} |")
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--child"]:
+    print(json.dumps(_child(sys.argv[2], sys.argv[3])))
