@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import queue
 import signal
 import subprocess
 import sys
@@ -244,7 +246,10 @@ def test_ctrl_c_interrupts_a_blocked_allreduce(emulator):
         "import faulthandler, signal, sys, numpy as np, hostlib\n"
         "faulthandler.register(signal.SIGUSR1)\n"
         f"c = hostlib.connect(switch='127.0.0.1:9', control='{emulator.control}', no_progress=60)\n"
-        "c.open(); print('waiting', flush=True)\n"
+        "c.open()\n"
+        "status = open('/proc/self/status').read().split('\\n')\n"
+        "print('waiting', signal.getsignal(signal.SIGINT).__name__,\n"
+        "      *[x.split()[1] for x in status if x.startswith(('SigBlk', 'SigIgn'))], flush=True)\n"
         "try:\n"
         "    c.allreduce(np.ones(1000, np.int32))\n"
         "except KeyboardInterrupt:\n"
@@ -253,27 +258,32 @@ def test_ctrl_c_interrupts_a_blocked_allreduce(emulator):
     proc = subprocess.Popen(
         [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    out = err = ""
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
+    said: list[str] = []
     try:
-        assert proc.stdout.readline().strip() == "waiting"
+        first = lines.get(timeout=300).split()
+        # SIGINT neither blocked nor ignored (a child inherits both from its parent)
+        assert first[:2] == ["waiting", "default_int_handler"], first
+        assert int(first[2], 16) & 2 == 0 and int(first[3], 16) & 2 == 0, first
         # open() compiled everything (no signal can land in Numba's compiler,
-        # where ctypes would swallow it); repeat the signal for a loaded machine
+        # where ctypes would swallow it); repeat the signal on a loaded machine
+        # until the child says it was interrupted, then let it exit in peace
         for _ in range(12):
             time.sleep(0.5)
             proc.send_signal(signal.SIGINT)
-            try:
-                out, err = proc.communicate(timeout=4)
+            with contextlib.suppress(queue.Empty):
+                said.append(lines.get(timeout=4).strip())
                 break
-            except subprocess.TimeoutExpired:
-                continue
-        else:  # still running: say where it is, then stop it
+        if said:
+            proc.wait(60)
+        else:  # still waiting: say where it is, then stop it
             proc.send_signal(signal.SIGUSR1)
             time.sleep(1)
-            proc.kill()
-            out, err = proc.communicate()
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
-    assert proc.returncode == 3, f"stdout: {out!r}\nstderr: {err}"
-    assert out.strip() == "interrupted True"
+        proc.wait()
+    err = proc.stderr.read()
+    assert said == ["interrupted True"], f"stdout: {said}\nstderr: {err}"
+    assert proc.returncode == 3, err
