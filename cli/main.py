@@ -56,7 +56,7 @@ class LazyGroup(click.Group):
 
 
 #: ``switchml-emu`` commands (the switch) and ``switchml`` commands (the workers)
-EMU_COMMANDS = ("serve", "stats", "top", "decode", "capture")
+EMU_COMMANDS = ("serve", "stats", "top", "decode")  # capture: serve --pcap
 SWITCHML_COMMANDS = ("run", "bench", "simulate", "cluster")
 
 
