@@ -286,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
             target_loss=args.target_loss,
             emulator_nice=args.emulator_nice,
             window=args.window,
+            partial=args.out / "training.partial.json",
             log=lambda m: print(m, file=sys.stderr),
         )
         paths = training.write_outputs(data, args.out, plot=not args.no_plot)

@@ -74,11 +74,14 @@ def run(
     target_loss: float | None = None,
     emulator_nice: int = -10,
     window: int | None = None,
+    partial: Path | None = None,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Build the rack, run every (rate, W, repetition, backend), interleaved;
     return the configuration, every run's row, the per-point summary and the
-    speedups (see the module docstring for what is measured)."""
+    speedups (see the module docstring for what is measured). ``partial``: a
+    file rewritten with the rows so far after every run (what a failed or
+    interrupted run leaves)."""
     from .cluster import (
         SWITCH_CONTROL_PORT,
         SWITCH_UDP_PORT,
@@ -159,6 +162,11 @@ def run(
                             f"{row['worker_cores']:.2f} cores"
                         )
                         results.append(row)
+                        if partial is not None:
+                            partial.parent.mkdir(parents=True, exist_ok=True)
+                            partial.write_text(
+                                json.dumps({"config": config, "code": code, "results": results})
+                            )
         emu.terminate()
     _time_to_loss(results, target_loss)
     return {
