@@ -30,9 +30,10 @@ buckets):
   the highest of their smoothed losses at 80 % of the steps), the final loss and
   the held-out accuracy;
 - CPU over the timed steps: the machine's busy fraction (all cores, irq and
-  softirq included: the kernel's veth/bridge/tbf forwarding), the cores the
-  workers used and the cores the emulator used. A machine near 100 % busy while
-  SwitchML's step is well above its link-rate bound is CPU-bound, not link-bound.
+  softirq included: the kernel's veth/bridge/tbf forwarding; on a shared machine
+  other jobs too), the cores the workers used and the cores the emulator used.
+  A point whose SwitchML allreduce alone takes more than ``LINK_BOUND`` times its
+  link-rate bound (bench/CLUSTER.md's criterion) is CPU-bound, not link-bound.
 
 The expected speedup of a step (``theory``) is Amdahl's law with the measured
 compute: (compute + ring's ideal) / (compute + SwitchML's ideal); for the
@@ -56,6 +57,7 @@ BACKENDS = ("switchml", "gloo")
 MASTER_PORT = 29600
 WARMUP = 3  # steps left out of the timing: DDP builds its buckets, first calls
 SMOOTH = 5  # steps averaged for the time-to-loss criterion
+LINK_BOUND = 1.25  # allreduce alone within this factor of its ideal: the link sets the pace
 DIM = 256  # input features of the synthetic task
 CLASSES = 10
 
@@ -260,8 +262,16 @@ def _row(
         sw = r0["switch"]
         row["switch_calls_per_step"] = sw["calls"] / max(1, len(steps) - WARMUP)
         row["switch_thread_s_per_step"] = sw["seconds"] / max(1, len(steps) - WARMUP)
+        # per rank: the slowest rank's is the step's communication alone; an earlier
+        # rank's also holds its wait for the slowest to finish backward (the skew)
+        row["switch_thread_s_per_step_by_rank"] = [
+            r["switch"]["seconds"] / max(1, len(steps) - WARMUP) for r in ranks
+        ]
         row["retransmissions"] = sum(r["last_call"]["retransmissions"] for r in ranks)
         row["sent"] = sum(r["last_call"]["sent"] for r in ranks)
+        # in the timed steps, all ranks together (the allreduce alone: the two above)
+        row["step_retransmissions"] = sum(r["switch"].get("retransmissions", 0) for r in ranks)
+        row["step_spurious"] = sum(r["switch"].get("spurious", 0) for r in ranks)
     return row
 
 
@@ -353,6 +363,9 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             point["comm_theory"] = 2 * (w - 1) / w
             compute = statistics.fmean([sw["compute_s"], gl["compute_s"]])
             point["step_theory"] = (compute + gl["ideal_comm_s"]) / (compute + sw["ideal_comm_s"])
+            slow = sw["comm_s"] / sw["ideal_comm_s"]
+            point["switchml_allreduce_vs_ideal"] = slow
+            point["bound"] = "link" if slow <= LINK_BOUND else "CPU"
             if gl["time_to_target_s"] and sw["time_to_target_s"]:
                 point["time_to_target_speedup"] = gl["time_to_target_s"] / sw["time_to_target_s"]
         out.append(point)
@@ -363,58 +376,60 @@ def _ms(v: float | None) -> str:
     return "–" if v is None else f"{v * 1e3:.0f}"
 
 
+def _fmt(v: float | None, spec: str) -> str:
+    return "–" if v is None else format(v, spec)
+
+
 def markdown(data: dict[str, Any]) -> str:
-    """The table of TRAINING.md: one line per (rate, W), both backends side by side."""
+    """The table of bench/TRAINING.md: one line per (rate, W), both backends side
+    by side (medians over the repetitions; the speedup's range is that of the
+    per-repetition ratios)."""
     c = data["config"]
     lines = [
         f"DDP training, MLP {c['layers']} layers x {c['hidden']}, batch {c['batch']} per rank, "
         f"{c['steps']} steps ({c['warmup_steps']} untimed), {c['reps']} rep(s), "
         f"bucket_cap_mb {c['bucket_mb']:g}",
         "",
-        "| Gbit/s | W | step ms switchml / gloo | samples/s switchml / gloo | speedup (min–max) "
-        "| step theory | allreduce ms switchml (ideal) / gloo (ideal) | comm share switchml / gloo "
-        "| time to loss s switchml / gloo (target) | loss switchml / gloo "
-        "| accuracy switchml / gloo "
-        "| machine busy switchml / gloo | emulator cores |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| Gbit/s | W | step ms switchml / gloo | samples/s switchml / gloo "
+        "| speedup (min–max) | step theory "
+        "| allreduce alone ms switchml (ideal) / gloo (ideal) | allreduce speedup (2(W−1)/W) "
+        "| comm share switchml / gloo | time to loss s switchml / gloo | loss switchml / gloo "
+        "| accuracy switchml / gloo | cores switchml (emulator) / gloo | allreduce bound by |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for p in data["summary"]:
         sw, gl = p.get("switchml", {}), p.get("gloo", {})
 
-        def pair(key: str, fmt: Callable[[Any], str], sw=sw, gl=gl) -> str:
-            return f"{fmt(sw.get(key))} / {fmt(gl.get(key))}"
-
-        def pct(v: float | None) -> str:
-            return "–" if v is None else f"{v:.0%}"
-
-        def f3(v: float | None) -> str:
-            return "–" if v is None else f"{v:.3f}"
-
-        def f2(v: float | None) -> str:
-            return "–" if v is None else f"{v:.2f}"
-
-        def f1(v: float | None) -> str:
-            return "–" if v is None else f"{v:.1f}"
-
-        def n0(v: float | None) -> str:
-            return "–" if v is None else f"{v:.0f}"
+        def pair(key: str, spec: str, sw: dict = sw, gl: dict = gl) -> str:
+            return f"{_fmt(sw.get(key), spec)} / {_fmt(gl.get(key), spec)}"
 
         speed = (
             f"{p['speedup']:.2f}× ({p['speedup_min']:.2f}–{p['speedup_max']:.2f})"
             if "speedup" in p
             else "–"
         )
-        theory = f"{p['step_theory']:.2f}×" if "step_theory" in p else "–"
+        cores_sw = (
+            None
+            if sw.get("worker_cores") is None
+            else sw["worker_cores"] + (sw.get("emulator_cores") or 0.0)
+        )
         lines.append(
-            f"| {p['rate_gbps']:g} | {p['workers']} | {pair('median_step_s', _ms)} "
-            f"| {pair('samples_per_s', n0)} | {speed} | {theory} "
+            f"| {p['rate_gbps']:g} | {p['workers']} "
+            f"| {_ms(sw.get('median_step_s'))} / {_ms(gl.get('median_step_s'))} "
+            f"| {pair('samples_per_s', '.0f')} | {speed} | {_fmt(p.get('step_theory'), '.2f')}× "
             f"| {_ms(sw.get('comm_s'))} ({_ms(sw.get('ideal_comm_s'))}) / "
             f"{_ms(gl.get('comm_s'))} ({_ms(gl.get('ideal_comm_s'))}) "
-            f"| {pair('comm_share', pct)} "
-            f"| {pair('time_to_target_s', f1)} ({p['target_loss']:.3f}) "
-            f"| {pair('final_loss', f3)} | {pair('accuracy', f3)} "
-            f"| {pair('machine_busy', pct)} | {f2(sw.get('emulator_cores'))} |"
+            f"| {_fmt(p.get('comm_speedup'), '.2f')}× ({_fmt(p.get('comm_theory'), '.2f')}×) "
+            f"| {pair('comm_share', '.0%')} | {pair('time_to_target_s', '.1f')} "
+            f"| {pair('final_loss', '.3f')} | {pair('accuracy', '.3f')} "
+            f"| {_fmt(cores_sw, '.2f')} ({_fmt(sw.get('emulator_cores'), '.2f')}) / "
+            f"{_fmt(gl.get('worker_cores'), '.2f')} | {p.get('bound', '–')} |"
         )
+    targets = sorted({(p["workers"], p["target_loss"]) for p in data["summary"]})
+    lines += [
+        "",
+        "Target losses (per W): " + ", ".join(f"W = {w}: {t:.3f}" for w, t in targets),
+    ]
     return "\n".join(lines)
 
 
@@ -600,7 +615,7 @@ def _worker(argv: list[str]) -> None:
         report["last_call"] = pg.context.last_stats
     dist.barrier()
     compute = []
-    for _ in range(5):  # the same step without communication (replicas may now differ)
+    for _ in range(9):  # the same step without communication (replicas may now differ)
         t0 = time.perf_counter()
         opt.zero_grad()
         with ddp.no_sync():
