@@ -272,23 +272,27 @@ def main(argv: list[str] | None = None) -> int:
         if why:
             raise CLIError(f"python -m bench training needs the emulated rack: {why}")
         from . import training
+        from .cluster import ClusterError
 
-        data = training.run(
-            args.workers,
-            args.rates,
-            steps=args.steps,
-            hidden=args.hidden,
-            layers=args.layers,
-            batch=args.batch,
-            reps=args.reps,
-            lr=args.lr,
-            bucket_mb=args.bucket_mb,
-            target_loss=args.target_loss,
-            emulator_nice=args.emulator_nice,
-            window=args.window,
-            partial=args.out / "training.partial.json",
-            log=lambda m: print(m, file=sys.stderr),
-        )
+        try:
+            data = training.run(
+                args.workers,
+                args.rates,
+                steps=args.steps,
+                hidden=args.hidden,
+                layers=args.layers,
+                batch=args.batch,
+                reps=args.reps,
+                lr=args.lr,
+                bucket_mb=args.bucket_mb,
+                target_loss=args.target_loss,
+                emulator_nice=args.emulator_nice,
+                window=args.window,
+                partial=args.out / "training.partial.json",
+                log=lambda m: print(m, file=sys.stderr),
+            )
+        except (ClusterError, ValueError) as exc:  # no rack, a rank failed, bad options
+            raise CLIError(str(exc)) from None
         paths = training.write_outputs(data, args.out, plot=not args.no_plot)
         print(training.markdown(data))
         print("written: " + ", ".join(map(str, paths)), file=sys.stderr)

@@ -214,8 +214,14 @@ def _launch(
             if p.stdout is not None:
                 p.stdout.close()
     if any(codes):
-        tail = (out / f"{codes.index(next(c for c in codes if c))}.log").read_text(errors="replace")
-        raise RuntimeError(f"training processes exited with {codes}:\n{tail[-2000:]}")
+        from .cluster import ClusterError
+
+        failed = next(r for r, c in enumerate(codes) if c)
+        lines = (out / f"{failed}.log").read_text(errors="replace").strip().splitlines()
+        raise ClusterError(
+            f"training processes exited with {codes}; rank {failed}'s last line: "
+            f"{lines[-1] if lines else '(no output)'}"
+        )
     return [json.loads((out / f"{r}.json").read_text()) for r in range(w)]
 
 
