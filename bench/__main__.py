@@ -129,13 +129,28 @@ def main(argv: list[str] | None = None) -> int:
     tr = sub.add_parser(
         "training", help="DDP training on the emulated rack: switchml vs gloo (needs root)"
     )
-    tr.add_argument("--workers", type=_list(int), default=[4])
+    tr.add_argument("--workers", type=_list(int), default=[2, 4, 8])
     tr.add_argument("--rates", type=lambda t: [float(x) for x in t.split(",") if x], default=[1.0])
-    tr.add_argument("--steps", type=int, default=40)
-    tr.add_argument("--hidden", type=int, default=2048)
-    tr.add_argument("--layers", type=int, default=3)
-    tr.add_argument("--batch", type=int, default=64)
-    tr.add_argument("--reps", type=int, default=1)
+    tr.add_argument("--steps", type=int, default=40, help="training steps per run")
+    tr.add_argument("--hidden", type=int, default=2048, help="width of the MLP")
+    tr.add_argument("--layers", type=int, default=3, help="linear layers of the MLP")
+    tr.add_argument("--batch", type=int, default=16, help="samples per rank per step")
+    tr.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (momentum 0.9)")
+    tr.add_argument("--bucket-mb", type=float, default=25.0, help="DDP's bucket_cap_mb")
+    tr.add_argument("--reps", type=int, default=3, help="runs per backend and point")
+    tr.add_argument(
+        "--target-loss",
+        type=float,
+        default=None,
+        help="loss for the time-to-loss column (default: per W, one every run reached)",
+    )
+    tr.add_argument(
+        "--emulator-nice", type=int, default=-10, help="niceness of the emulator (0: as workers)"
+    )
+    tr.add_argument(
+        "--window", type=int, default=None, help="SwitchML slots in flight (default: hostlib's)"
+    )
+    tr.add_argument("--no-plot", action="store_true", help="no PNG (matplotlib not needed)")
     tr.add_argument("--out", type=Path, default=Path("bench/results"))
     args = p.parse_args(argv)
 
@@ -267,24 +282,41 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.what == "training":
         from cli.extras import require
+        from cli.terminal import CLIError
 
         require("torch", "python -m bench training")
-        from . import training
+        if not args.no_plot:  # checked now, not after a long run
+            require("matplotlib", "python -m bench training's plot (or --no-plot)")
+        from .cluster import namespaces_permitted
 
-        data = training.run(
-            args.workers,
-            args.rates,
-            steps=args.steps,
-            hidden=args.hidden,
-            layers=args.layers,
-            batch=args.batch,
-            reps=args.reps,
-            log=lambda m: print(m, file=sys.stderr),
-        )
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "training.json").write_text(json.dumps(data, indent=2))
-        (args.out / "training.md").write_text(training.markdown(data) + "\n")
+        why = namespaces_permitted()
+        if why:
+            raise CLIError(f"python -m bench training needs the emulated rack: {why}")
+        from . import training
+        from .cluster import ClusterError
+
+        try:
+            data = training.run(
+                args.workers,
+                args.rates,
+                steps=args.steps,
+                hidden=args.hidden,
+                layers=args.layers,
+                batch=args.batch,
+                reps=args.reps,
+                lr=args.lr,
+                bucket_mb=args.bucket_mb,
+                target_loss=args.target_loss,
+                emulator_nice=args.emulator_nice,
+                window=args.window,
+                partial=args.out / "training.partial.json",
+                log=lambda m: print(m, file=sys.stderr),
+            )
+        except (ClusterError, ValueError) as exc:  # no rack, a rank failed, bad options
+            raise CLIError(str(exc)) from None
+        paths = training.write_outputs(data, args.out, plot=not args.no_plot)
         print(training.markdown(data))
+        print("written: " + ", ".join(map(str, paths)), file=sys.stderr)
         return 0
     if args.what == "identity":
         from . import identity

@@ -85,6 +85,16 @@ _Item = tuple[Callable[[], Any], torch.futures.Future, bool]
 #: store key (below the group's own prefix) counting joins: one generation per
 #: ``size`` joins, so a group created again after a destroy gets a fresh session
 _JOINS_KEY = "switchml/joins"
+#: :meth:`SwitchMLProcessGroup.switchml_stats` before the first call
+_ZERO_COUNTERS: dict[str, Any] = {
+    "calls": 0,
+    "bytes": 0,
+    "seconds": 0.0,
+    "packets": 0,
+    "retransmissions": 0,
+    "spurious": 0,
+    "delegated": 0,
+}
 
 
 def backend_options(
@@ -178,7 +188,7 @@ class SwitchMLProcessGroup(dist.ProcessGroup):
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._failed: BaseException | None = None
         self._closed = False
-        self._counters = {"calls": 0, "bytes": 0, "seconds": 0.0, "packets": 0, "delegated": 0}
+        self._counters = dict(_ZERO_COUNTERS)
         session_id = _agree_on_session(store, rank, size)
         self._ctx = Context(_replace_session(options, session_id))
         self._thread = threading.Thread(
@@ -210,12 +220,15 @@ class SwitchMLProcessGroup(dist.ProcessGroup):
         """What went through the switch so far: ``calls``, ``bytes`` (of the tensors
         as given), ``seconds`` the background thread spent on them, ``packets``
         (chunks plus exponent packets, each a slot the switch aggregated once),
-        ``delegated`` (allreduces handed to gloo), and ``session_id``."""
+        ``retransmissions`` and ``spurious`` (of them, those whose first answer
+        came anyway: a timeout that fired too early, e.g. while another rank was
+        still computing), ``delegated`` (allreduces handed to gloo), and
+        ``session_id``."""
         return {**self._counters, "session_id": self.session_id}
 
     def reset_stats(self) -> None:
         """Zero the counters of :meth:`switchml_stats` (e.g. after warm-up steps)."""
-        self._counters.update(calls=0, bytes=0, seconds=0.0, packets=0, delegated=0)
+        self._counters.update(_ZERO_COUNTERS)
 
     # ----------------------------------------------------------- collectives
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
@@ -320,6 +333,9 @@ class SwitchMLProcessGroup(dist.ProcessGroup):
         c["calls"] += 1
         c["bytes"] += tensor.numel() * tensor.element_size()
         c["packets"] += _packets(tensor.numel(), tensor.dtype != torch.int32, ctx.options)
+        last = ctx.last_stats
+        c["retransmissions"] += last.get("retransmissions", 0)
+        c["spurious"] += last.get("spurious", 0)
         c["seconds"] += time.perf_counter() - start
 
     def _stop(self) -> None:
