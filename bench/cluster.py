@@ -166,15 +166,6 @@ def cleanup_leftovers(*, everything: bool = False) -> list[str]:
     return removed
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the launcher dies, even by SIGKILL
-    (PR_SET_PDEATHSIG survives the exec of ``ip netns exec`` and of python)."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 @contextlib.contextmanager
 def signals_as_exceptions() -> Iterator[None]:
     """Turn SIGTERM and SIGHUP into :class:`Interrupted` (SIGINT already raises
@@ -359,12 +350,9 @@ class Rack:
         """Start a process in ``ns``; it is stopped when the rack is removed, and
         dies with this process. It gets its own session, so a Ctrl-C reaches only
         the launcher, which then tears down in order."""
-        proc = subprocess.Popen(
-            self.exec_argv(ns, argv),
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-            **kwargs,
-        )
+        from swemu.launch import spawn  # SIGTERM when this process dies, SIGKILL included
+
+        proc = spawn(self.exec_argv(ns, argv), start_new_session=True, **kwargs)
         self._procs.append(proc)
         return proc
 

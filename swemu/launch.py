@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import re
@@ -76,14 +77,48 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGTERM) -> None:
         os.kill(os.getpid(), sig)
 
 
+#: the child's first program where ``PR_SET_PDEATHSIG`` is available: it sets the
+#: death signal, ends at once if its parent is already gone, then becomes the
+#: command (the setting survives ``execv``); only ``os``, ``signal`` and ``ctypes``
+_EXEC_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    os.kill(os.getpid(), signal.SIGTERM)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
+
+
 def spawn(cmd: Sequence[str], **kwargs: Any) -> subprocess.Popen:
     """:class:`subprocess.Popen` for a child that is sent SIGTERM when this
     process (precisely: the calling thread) ends, however it ends, SIGKILL
-    included. Keyword arguments go to Popen."""
-    if _prctl is not None:
-        parent = os.getpid()
-        kwargs["preexec_fn"] = lambda: die_with_parent(parent)
-    return subprocess.Popen(list(cmd), **kwargs)
+    included. Keyword arguments go to Popen.
+
+    The death signal is set by a small Python program that then execs the
+    command (same process, same pid), not by a ``preexec_fn``: a
+    ``preexec_fn`` makes Popen fork the whole interpreter and run Python in
+    the child before ``exec``, and in a process whose threads are inside gRPC
+    (a launcher that talks to the emulator, a test) gRPC's fork handlers
+    aborted such children (SIGABRT before the command ran). Without one,
+    Popen uses ``vfork``/``exec`` and no fork handler runs. A command that
+    cannot be found raises :class:`FileNotFoundError` here, as Popen would."""
+    argv = list(cmd)
+    if _prctl is None or not argv:
+        return subprocess.Popen(argv, **kwargs)
+    path = argv[0]
+    if os.sep not in path:
+        env = kwargs.get("env")
+        search = (env if env is not None else os.environ).get("PATH", os.defpath)
+        found = shutil.which(path, path=search)
+        if found is None:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+        path = found
+    elif not os.path.isfile(path):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+    elif not os.access(path, os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+    wrapper = [sys.executable, "-c", _EXEC_WITH_PARENT, str(os.getpid()), path, *argv[1:]]
+    return subprocess.Popen(wrapper, **kwargs)
 
 
 class EmulatorProcess:
