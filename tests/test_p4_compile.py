@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from p4 import resource_summary
+
 REPO = Path(__file__).resolve().parent.parent
 BUILD_SH = REPO / "p4" / "build.sh"
 
@@ -101,15 +103,26 @@ def test_build_without_compiler_is_one_clear_line(tmp_path: Path) -> None:
 
 
 def test_bf_p4c_compiles_for_tofino_1(tmp_path: Path) -> None:
-    """bf-p4c --target tofino --arch tna compiles switchml.p4 (both size codes) and
-    leaves bfrt.json, context.json and the resource log."""
+    """bf-p4c --target tofino --arch tna compiles switchml.p4 (both size codes: one
+    program) through to the binary, and it fits one Tofino 1 pipe: at most 12 MAU
+    stages, at most 4 stateful ALUs in any stage, the 35 register ALUs the program
+    needs (bitmap, count, exponents, 32 value pairs), and the BF Runtime schema."""
     compiler = bf_p4c()
     if compiler is None:
         pytest.skip("no bf-p4c: put it on PATH or set BF_P4C (see p4/README.md, Building)")
     r = run_build("--compiler", compiler, "--out", str(tmp_path))
     out = tmp_path / "switchml"
     assert r.returncode == 0, (out / "compile.log").read_text()[-4000:]
-    assert (out / "bfrt.json").is_file()
-    assert (out / "pipe" / "context.json").is_file()
-    assert (out / "pipe" / "logs" / "resources.json").is_file()
     assert "exit status: 0" in (out / "BUILD-INFO.txt").read_text()
+    for name in ("bfrt.json", "pipe/context.json", "pipe/tofino.bin", "pipe/logs/resources.json"):
+        assert (out / name).is_file(), name
+    assert "error:" not in (out / "compile.log").read_text()
+
+    summary = resource_summary.load(out)
+    assert summary.n_stages <= resource_summary.STAGES
+    assert sorted(summary.stages) == list(range(summary.n_stages))
+    for stage, used in summary.stages.items():
+        for column, capacity in resource_summary.STAGE_CAPACITY.items():
+            assert used[column] <= capacity, (stage, column)
+    assert summary.total("stateful_alu") == 35
+    assert "| total |" in (out / "resources.txt").read_text()
