@@ -102,17 +102,25 @@ def test_build_without_compiler_is_one_clear_line(tmp_path: Path) -> None:
     assert "no bf-p4c found" in r.stderr and "BF_P4C" in r.stderr and "--compiler" in r.stderr
 
 
-def test_bf_p4c_compiles_for_tofino_1(tmp_path: Path) -> None:
-    """bf-p4c --target tofino --arch tna compiles switchml.p4 (both size codes: one
-    program) through to the binary, and it fits one Tofino 1 pipe: at most 12 MAU
-    stages, at most 4 stateful ALUs in any stage, the 35 register ALUs the program
-    needs (bitmap, count, exponents, 32 value pairs), and the BF Runtime schema."""
+@pytest.fixture(scope="module")
+def bf_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """p4/build.sh run once with bf-p4c; its output directory DIR/switchml."""
     compiler = bf_p4c()
     if compiler is None:
         pytest.skip("no bf-p4c: put it on PATH or set BF_P4C (see p4/README.md, Building)")
+    tmp_path = tmp_path_factory.mktemp("bf-p4c")
     r = run_build("--compiler", compiler, "--out", str(tmp_path))
     out = tmp_path / "switchml"
     assert r.returncode == 0, (out / "compile.log").read_text()[-4000:]
+    return out
+
+
+def test_bf_p4c_compiles_for_tofino_1(bf_build: Path) -> None:
+    """bf-p4c --target tofino --arch tna compiles switchml.p4 (both size codes: one
+    program) through to the binary, and it fits one Tofino 1 pipe: at most 12 MAU
+    stages, no stage over its capacity, the 35 stateful ALUs the program needs
+    (bitmap, count, exponents, 32 value pairs), and the BF Runtime schema."""
+    out = bf_build
     assert "exit status: 0" in (out / "BUILD-INFO.txt").read_text()
     for name in ("bfrt.json", "pipe/context.json", "pipe/tofino.bin", "pipe/logs/resources.json"):
         assert (out / name).is_file(), name
@@ -126,3 +134,18 @@ def test_bf_p4c_compiles_for_tofino_1(tmp_path: Path) -> None:
             assert used[column] <= capacity, (stage, column)
     assert summary.total("stateful_alu") == 35
     assert "| total |" in (out / "resources.txt").read_text()
+
+
+def test_bf_p4c_parser_keeps_its_select_transitions(bf_build: Path) -> None:
+    """The compiled parser still selects: bfas warns "Can't match parser state due to
+    previous match" when a parser state's transitions all match '*' -- the bug of p4c
+    #5063 that p4c #5753 fixes (on Tofino 1 every select loses its match register, and
+    each state takes its first transition whatever the packet: here every packet would
+    be parsed as a recirculated one). Fails with a compiler that lacks that fix."""
+    log = (bf_build / "compile.log").read_text()
+    broken = log.count("Can't match parser state due to previous match")
+    assert broken == 0, (
+        f"bf-p4c emitted {broken} parser transitions that can never match: the compiler "
+        "lacks p4c #5753 (parser match registers dropped on Tofino 1); the binary's parser "
+        "ignores every select. Rebuild bf-p4c with that fix."
+    )
