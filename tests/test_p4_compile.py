@@ -6,7 +6,10 @@
   types, the TNA extern signatures, p4c's front and mid end. It does not place tables
   or allocate PHV (no Tofino back end).
 * ``bf-p4c`` (``$BF_P4C`` or on PATH) compiles it for Tofino 1 through
-  ``p4/build.sh``, which must leave the BF Runtime schema and the resource logs.
+  ``p4/build.sh``, which must leave the binary, the BF Runtime schema and the resource
+  logs; the program must fit (``p4/resource_summary.py``: stages, per-stage resources,
+  stateful ALUs), and the compiled parser must keep its ``select`` transitions (a bf-p4c
+  without p4c #5753 loses them on Tofino 1).
   ``tests/test_p4_bfrt_names.py`` then checks the controller's names against that
   ``bfrt.json``.
 
