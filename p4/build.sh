@@ -35,7 +35,7 @@ while [ $# -gt 0 ]; do
     --compiler) compiler=${2:?--compiler needs a path}; shift 2 ;;
     --out) out=${2:?--out needs a directory}; shift 2 ;;
     --check-only) check_only=1; shift ;;
-    -h|--help) sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --) shift; extra=("$@"); break ;;
     *) echo "build.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
