@@ -68,7 +68,7 @@ control CheckPacket(
 
     apply {
         // slot < P  <=>  P - slot > 0 (saturating: no wrap for slot > P)
-        ig_md.slot_room = ig_md.pool_size |-| (pool_size_t) hdr.switchml.slot;
+        ig_md.slot_room = ig_md.pool_size |-| ig_md.slot;
         // number of workers still missing once the first packet has arrived
         ig_md.count_start = ig_md.num_workers - 1;
 
@@ -113,12 +113,43 @@ control PoolAddress(
     Hash<pool_index_t>(HashAlgorithm_t.IDENTITY) pool_index_hash;
 
     apply {
-        if (ig_md.size_code == SIZE_CODE_FOUR_PASSES) {
-            ig_md.slot_index = ig_md.pool_base + (((slot_index_t) hdr.switchml.slot) << 2);
+        // slot_index = pool_base + slot (size code 3: + 4 slot). A Tofino ALU
+        // instruction cannot shift one operand and add in the same stage, so
+        // the addition takes the offset from the PHV: slot_offset, computed by
+        // SlotOffset in the first stage from the packet's own size code.
+        ig_md.slot_index = ig_md.pool_base + ig_md.slot_offset;
+        ig_md.pool_index = pool_index_hash.get({(bit<(16 - POOL_INDEX_BITS)>) 0, ig_md.slot_index, hdr.switchml.set});
+    }
+}
+
+// The packet's slot as the metadata the checks and the pool address compute
+// with: slot (16 bits, for slot_room) and its offset in the job's pool,
+// slot_offset = slot (size code 1) or 4 slot (size code 3). Both come out of
+// the hash unit (identity hash: a copy, the 4 slot a bit-slice with two 0
+// bits appended), not the ALU: an ALU instruction takes its operands at the
+// same bit positions of their containers, and the slot sits in bits 13..0 of
+// the header's pool_index (after set and pool_index_unused), which neither a
+// 16-bit subtraction nor a shift by 2 can line up with (bf-p4c: "invalid
+// SuperCluster ... slice list is not byte-sized"). It depends on the
+// packet's headers only, so it runs in the first stage beside the worker
+// lookup; it takes the packet's size code, which CheckPacket compares with
+// the job's: a packet whose code is not the job's is dropped before its slot
+// is used.
+control SlotOffset(
+    in header_t hdr,
+    inout ingress_metadata_t ig_md) {
+
+    Hash<pool_size_t>(HashAlgorithm_t.IDENTITY) slot_hash;
+    Hash<slot_index_t>(HashAlgorithm_t.IDENTITY) one_entry_hash;
+    Hash<slot_index_t>(HashAlgorithm_t.IDENTITY) four_entries_hash;
+
+    apply {
+        ig_md.slot = slot_hash.get({hdr.switchml.slot});
+        if (hdr.switchml.size == SIZE_CODE_FOUR_PASSES) {
+            ig_md.slot_offset = four_entries_hash.get({hdr.switchml.slot[POOL_SLOT_BITS - 3:0], 2w0});
         } else {
-            ig_md.slot_index = ig_md.pool_base + (slot_index_t) hdr.switchml.slot;
+            ig_md.slot_offset = one_entry_hash.get({hdr.switchml.slot[POOL_SLOT_BITS - 1:0]});
         }
-        ig_md.pool_index = pool_index_hash.get({ig_md.slot_index, hdr.switchml.set});
     }
 }
 

@@ -56,7 +56,6 @@ control NextStep(
         hdr.switchml_md._pad0 = 0;
         hdr.switchml_md.ingress_port = ig_intr_md.ingress_port;
         hdr.switchml_md.mgid = ig_md.mgid;
-        hdr.switchml_md._pad1 = 0;
         hdr.switchml_md.pool_index = index;
         hdr.switchml.unused = 0;
         hdr.switchml.pool_index_unused = 0;

@@ -60,6 +60,7 @@ control Ingress(
     WorkerLookup() worker_lookup;
     CheckPacket() check_packet;
     RejectSlot() reject_slot;
+    SlotOffset() slot_offset;
     PoolAddress() pool_address;
     UpdateWorkerBitmap() worker_bitmap;
     CountWorkers() count_workers;
@@ -76,6 +77,7 @@ control Ingress(
             ig_md.pool_index = hdr.switchml_md.pool_index;
             ig_md.value_op = hdr.switchml_md.value_op;
         } else if (hdr.switchml.isValid()) {
+            slot_offset.apply(hdr, ig_md);
             worker_lookup.apply(hdr, ig_md);
             if (ig_md.drop == 0) {
                 check_packet.apply(hdr, ig_md, ig_prsr_md);

@@ -32,7 +32,10 @@ typedef bit<8>  count_t;            // workers still missing for a (slot, set)
 typedef bit<JOB_ID_BITS> job_id_t;
 typedef bit<16> pool_size_t;
 typedef bit<POOL_SLOT_BITS> slot_index_t;   // pool_base + slot: one entry per slot (4 at size code 3)
-typedef bit<POOL_INDEX_BITS> pool_index_t;  // slot_index ++ set: one entry per (slot, set)
+// slot_index ++ set: one entry per (slot, set), POOL_INDEX_BITS wide, held in 16 bits:
+// the later passes add to it (+2: the next entry) in switchml_md, and a Tofino add
+// works on a whole PHV container, so no other field may share its bytes.
+typedef bit<16> pool_index_t;
 typedef bit<3>  action_code_t;      // ACTION_* of configuration.p4
 typedef bit<4>  pass_type_t;        // PASS_* of configuration.p4
 typedef bit<2>  value_op_t;         // VALUE_OP_* of configuration.p4
@@ -158,7 +161,6 @@ header switchml_md_h {
     bit<7>             _pad0;
     PortId_t           ingress_port;  // where the sender is (unicast)
     MulticastGroupId_t mgid;          // the job's multicast group
-    bit<(16 - POOL_INDEX_BITS)> _pad1;
     pool_index_t       pool_index;    // the (entry, set) the next pass reads and writes
 }
 
@@ -184,7 +186,9 @@ struct ingress_metadata_t {
     MulticastGroupId_t mgid;
 
     // where the packet's (slot, set) lives
+    pool_size_t     slot;             // the packet's slot (hdr.switchml.slot), 16 bits
     pool_size_t     slot_room;        // pool_size - slot, saturated at 0
+    slot_index_t    slot_offset;      // slot (size code 3: 4 slot), the packet's offset in the pool
     slot_index_t    slot_index;       // pool_base + slot (size code 3: + 4 slot)
     pool_index_t    pool_index;       // slot_index ++ set (later passes: the pass's entry)
     value_op_t      value_op;         // later passes: switchml_md.value_op

@@ -117,7 +117,10 @@ def to_bfrt_json(schema: dict[str, TableSchema]) -> dict[str, Any]:
                 {
                     "name": k,
                     "match_type": m.capitalize(),
-                    "type": {"type": "bytes", "width": t.key_widths.get(k, 32)},
+                    # bf-p4c types a register's or counter's index as a width-less uint32
+                    "type": {"type": "uint32"}
+                    if k in ("$REGISTER_INDEX", "$COUNTER_INDEX")
+                    else {"type": "bytes", "width": t.key_widths.get(k, 32)},
                 }
                 for k, m in t.keys.items()
             ],

@@ -6,7 +6,10 @@
   types, the TNA extern signatures, p4c's front and mid end. It does not place tables
   or allocate PHV (no Tofino back end).
 * ``bf-p4c`` (``$BF_P4C`` or on PATH) compiles it for Tofino 1 through
-  ``p4/build.sh``, which must leave the BF Runtime schema and the resource logs.
+  ``p4/build.sh``, which must leave the binary, the BF Runtime schema and the resource
+  logs; the program must fit (``p4/resource_summary.py``: stages, per-stage resources,
+  stateful ALUs), and the compiled parser must keep its ``select`` transitions (a bf-p4c
+  without p4c #5753 loses them on Tofino 1).
   ``tests/test_p4_bfrt_names.py`` then checks the controller's names against that
   ``bfrt.json``.
 
@@ -21,6 +24,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
+from p4 import resource_summary
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD_SH = REPO / "p4" / "build.sh"
@@ -100,16 +105,50 @@ def test_build_without_compiler_is_one_clear_line(tmp_path: Path) -> None:
     assert "no bf-p4c found" in r.stderr and "BF_P4C" in r.stderr and "--compiler" in r.stderr
 
 
-def test_bf_p4c_compiles_for_tofino_1(tmp_path: Path) -> None:
-    """bf-p4c --target tofino --arch tna compiles switchml.p4 (both size codes) and
-    leaves bfrt.json, context.json and the resource log."""
+@pytest.fixture(scope="module")
+def bf_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """p4/build.sh run once with bf-p4c; its output directory DIR/switchml."""
     compiler = bf_p4c()
     if compiler is None:
         pytest.skip("no bf-p4c: put it on PATH or set BF_P4C (see p4/README.md, Building)")
+    tmp_path = tmp_path_factory.mktemp("bf-p4c")
     r = run_build("--compiler", compiler, "--out", str(tmp_path))
     out = tmp_path / "switchml"
     assert r.returncode == 0, (out / "compile.log").read_text()[-4000:]
-    assert (out / "bfrt.json").is_file()
-    assert (out / "pipe" / "context.json").is_file()
-    assert (out / "pipe" / "logs" / "resources.json").is_file()
+    return out
+
+
+def test_bf_p4c_compiles_for_tofino_1(bf_build: Path) -> None:
+    """bf-p4c --target tofino --arch tna compiles switchml.p4 (both size codes: one
+    program) through to the binary, and it fits one Tofino 1 pipe: at most 12 MAU
+    stages, no stage over its capacity, the 35 stateful ALUs the program needs
+    (bitmap, count, exponents, 32 value pairs), and the BF Runtime schema."""
+    out = bf_build
     assert "exit status: 0" in (out / "BUILD-INFO.txt").read_text()
+    for name in ("bfrt.json", "pipe/context.json", "pipe/tofino.bin", "pipe/logs/resources.json"):
+        assert (out / name).is_file(), name
+    assert "error:" not in (out / "compile.log").read_text()
+
+    summary = resource_summary.load(out)
+    assert summary.n_stages <= resource_summary.STAGES
+    assert sorted(summary.stages) == list(range(summary.n_stages))
+    for stage, used in summary.stages.items():
+        for column, capacity in resource_summary.STAGE_CAPACITY.items():
+            assert used[column] <= capacity, (stage, column)
+    assert summary.total("stateful_alu") == 35
+    assert "| total |" in (out / "resources.txt").read_text()
+
+
+def test_bf_p4c_parser_keeps_its_select_transitions(bf_build: Path) -> None:
+    """The compiled parser still selects: bfas warns "Can't match parser state due to
+    previous match" when a parser state's transitions all match '*' -- the bug of p4c
+    #5063 that p4c #5753 fixes (on Tofino 1 every select loses its match register, and
+    each state takes its first transition whatever the packet: here every packet would
+    be parsed as a recirculated one). Fails with a compiler that lacks that fix."""
+    log = (bf_build / "compile.log").read_text()
+    broken = log.count("Can't match parser state due to previous match")
+    assert broken == 0, (
+        f"bf-p4c emitted {broken} parser transitions that can never match: the compiler "
+        "lacks p4c #5753 (parser match registers dropped on Tofino 1); the binary's parser "
+        "ignores every select. Rebuild bf-p4c with that fix."
+    )

@@ -269,10 +269,16 @@ BFRT_KINDS = {
 
 
 def _width(field_spec: dict) -> int:
-    """Bits of a bfrt.json key or data field (``type.width``; booleans are 1)."""
+    """Bits of a bfrt.json key or data field: ``type.width`` for ``bytes``, 1 for
+    ``bool``, and the width in the name of a fixed-size integer type (bf-p4c writes
+    ``{"type": "uint32"}`` without a width for ``$REGISTER_INDEX`` / ``$COUNTER_INDEX``
+    and ``uint64`` for counter data)."""
     ftype = field_spec.get("type", {})
-    if ftype.get("type") == "bool":
+    kind = str(ftype.get("type", ""))
+    if kind == "bool":
         return 1
+    if "width" not in ftype and kind.startswith("uint") and kind[4:].isdigit():
+        return int(kind[4:])
     return int(ftype.get("width", 0))
 
 
