@@ -20,6 +20,16 @@ def _list(kind):
     return parse
 
 
+def _save(out: Path, name: str, data: object, markdown: str, newline: bool = False) -> None:
+    """Write ``out/name.json`` and ``out/name.md``, then print the markdown."""
+    import json
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(data, indent=2))
+    (out / f"{name}.md").write_text(markdown + ("\n" if newline else ""))
+    print(markdown)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="what", required=True)
@@ -192,10 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             log=lambda m: print(m, file=sys.stderr),
             matrix=not args.no_matrix,
         )
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "gloo_baseline.json").write_text(json.dumps(data, indent=2))
-        (args.out / "gloo_baseline.md").write_text(gloo_baseline.markdown(data))
-        print(gloo_baseline.markdown(data))
+        _save(args.out, "gloo_baseline", data, gloo_baseline.markdown(data))
         return 0
     if args.what == "firstrun":
         from . import firstrun
@@ -208,10 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             [t.resolve() for t in args.tree],
             log=lambda m: print(m, file=sys.stderr),
         )
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "firstrun.json").write_text(json.dumps(data, indent=2))
-        (args.out / "firstrun.md").write_text(firstrun.markdown(data))
-        print(firstrun.markdown(data))
+        _save(args.out, "firstrun", data, firstrun.markdown(data))
         return 0
     if args.what == "compile":
         from . import compile as compile_bench
@@ -222,10 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             args.dtype,
             log=lambda m: print(m, file=sys.stderr),
         )
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "compile.json").write_text(json.dumps(data, indent=2))
-        (args.out / "compile.md").write_text(compile_bench.markdown(data))
-        print(compile_bench.markdown(data))
+        _save(args.out, "compile", data, compile_bench.markdown(data))
         return 0
     if args.what == "soak":
         from . import soak
@@ -238,10 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             args.shards,
             log=lambda m: print(m, file=sys.stderr),
         )
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "soak.json").write_text(json.dumps(data, indent=2))
-        (args.out / "soak.md").write_text(soak.markdown(data) + "\n")
-        print(soak.markdown(data))
+        _save(args.out, "soak", data, soak.markdown(data), newline=True)
         return 0 if data["live_jobs_at_end"] == 0 else 1
     if args.what == "loss":
         from . import loss
@@ -254,10 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             args.reps,
             log=lambda m: print(m, file=sys.stderr),
         )
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "loss.json").write_text(json.dumps(data, indent=2))
-        (args.out / "loss.md").write_text(loss.markdown(data))
-        print(loss.markdown(data))
+        _save(args.out, "loss", data, loss.markdown(data))
         return 0
     if args.what == "overlap":
         from cli.extras import require
@@ -329,10 +324,7 @@ def main(argv: list[str] | None = None) -> int:
             per_worker_ports=args.per_worker_ports,
             log=lambda m: print(m, file=sys.stderr),
         )
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "identity.json").write_text(json.dumps(data, indent=2))
-        (args.out / "identity.md").write_text(identity.markdown(data))
-        print(identity.markdown(data))
+        _save(args.out, "identity", data, identity.markdown(data))
         return 0
     from .switch import run as run_switch
 

@@ -53,19 +53,17 @@ def run(
 ) -> dict:
     """Start an emulator (``--link-gbps``: each switch-to-worker link's rate, 0 =
     loopback speed) and the workers, wait for them, and return the medians."""
-    from cli.run import _torchrun_env
+    from cli.run import torchrun_envs
     from swemu.launch import CHILD_CWD, EmulatorProcess, child_env, spawn
 
     emu_args = ["--link-gbps", str(link_gbps)] if link_gbps else []
     with tempfile.TemporaryDirectory(prefix="overlap-") as tmp, EmulatorProcess(*emu_args) as emu:
         log(f"emulator: data {emu.switch}, control {emu.control}; {workers} workers")
-        launcher = _torchrun_env(workers)
+        launcher = torchrun_envs(workers)
         procs = []
         for rank in range(workers):
             env = child_env(
-                **launcher,
-                RANK=str(rank),
-                LOCAL_RANK=str(rank),
+                **launcher[rank],
                 SWITCHML_CONTROL=emu.control,
                 SWITCHML_SWITCH=emu.switch,
                 SWITCHML_BUFFER_WARNING="0",

@@ -400,14 +400,11 @@ def _launch(
     from ._worker import ITER_PREFIX, RESULT_PREFIX
 
     session = random.getrandbits(62) | 1
-    launcher = _torchrun_env(workers)
+    launcher = torchrun_envs(workers)
     procs = []
     for rank in range(workers):
         env = child_env(
-            **launcher,
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            ROLE_RANK=str(rank),
+            **launcher[rank],
             SWITCHML_SWITCH=switch,
             SWITCHML_CONTROL=control,
             SWITCHML_SESSION_ID=str(session),
@@ -477,9 +474,9 @@ def _launch(
     return failed
 
 
-def _torchrun_env(workers: int) -> dict[str, str]:
-    """What torchrun sets for every rank of a one-machine job, but the rank
-    itself: the world, a rendezvous on a free loopback port (rank 0's
+def torchrun_envs(workers: int) -> list[dict[str, str]]:
+    """What torchrun sets for each rank of a one-machine job, one dict per
+    rank: the world, the rank, a rendezvous on a free loopback port (rank 0's
     ``init_process_group`` serves the store there) and one OpenMP thread per
     process unless the user chose otherwise."""
     import os
@@ -502,7 +499,9 @@ def _torchrun_env(workers: int) -> dict[str, str]:
     }
     if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
         env["OMP_NUM_THREADS"] = "1"
-    return env
+    return [
+        {**env, "RANK": str(r), "LOCAL_RANK": str(r), "ROLE_RANK": str(r)} for r in range(workers)
+    ]
 
 
 def _row(it: int, per: list[dict], size: int, workers: int) -> dict:

@@ -982,22 +982,7 @@ class DataPlane:
         _step(0.0, 0, self._counts, *self._io(), *self.engine.kernel_state(), self._faulty())
         if self.fast:
             self._receive_nothing()
-            tx = self._tx
-            fastio.send_batch_gso(  # nothing to send: returns at once, compiled
-                self.sock.fileno(),
-                tx.hdr,
-                tx.hdr_ptr,
-                tx.iov,
-                tx.names,
-                tx.cmsg,
-                tx.cmsg_ptr,
-                0,
-                self._row_ptr,
-                self._row_len,
-                self._send_ip,
-                self._send_port,
-                self.gso_segments,
-            )
+            self._send_rows(0)  # nothing to send: returns at once, compiled
         io = self._io()  # the delay queue's due packets (none, limit 0)
         faults_mod.due_packets(0.0, *io[13:18], *io[18:22], io[24], io[25], 0)
         self._stepwise_ready = True
@@ -1194,28 +1179,33 @@ class DataPlane:
         )
         self._sync_stats()
 
+    def _send_rows(self, m: int) -> int:
+        """:func:`fastio.send_batch_gso` for the first ``m`` entries of the send
+        list; returns how many datagrams left."""
+        tx = self._tx
+        return fastio.send_batch_gso(
+            self.sock.fileno(),
+            tx.hdr,
+            tx.hdr_ptr,
+            tx.iov,
+            tx.names,
+            tx.cmsg,
+            tx.cmsg_ptr,
+            m,
+            self._row_ptr,
+            self._row_len,
+            self._send_ip,
+            self._send_port,
+            self.gso_segments,
+        )
+
     def _send_list(self, m: int) -> None:
         """Send the first ``m`` packets of the compacted send list."""
         if m == 0:
             return
         st = self._fast_stats
         if self.fast:
-            tx = self._tx
-            sent = fastio.send_batch_gso(
-                self.sock.fileno(),
-                tx.hdr,
-                tx.hdr_ptr,
-                tx.iov,
-                tx.names,
-                tx.cmsg,
-                tx.cmsg_ptr,
-                m,
-                self._row_ptr,
-                self._row_len,
-                self._send_ip,
-                self._send_port,
-                self.gso_segments,
-            )
+            sent = self._send_rows(m)
         else:
             sent = 0
             to_str, sendto = self._addr.to_str, self.sock.sendto

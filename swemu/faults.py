@@ -215,6 +215,20 @@ def egress(
     send_ip/send_port``; delayed ones are copied into the queue. Returns the
     number that leave now. With ``any_fault`` false (no fault on the way out is
     configured anywhere) every packet leaves now without a look at ``faults``."""
+    if not any_fault:
+        return leave_now(
+            nd,
+            out_len,
+            dest_row,
+            dest_ip,
+            dest_port,
+            out_base,
+            out_stride,
+            row_ptr,
+            row_len,
+            send_ip,
+            send_port,
+        )
     m = 0
     qcap = q_len.shape[0]
     qpos = 0
@@ -223,16 +237,13 @@ def egress(
         plen = out_len[r]
         j = out_job[r]
         w = dest_worker[d]
-        if any_fault:
-            p_out = faults[j, w, K.P_LOSS_OUT]
-            if p_out > 0.0 and np.random.random() < p_out:
-                fault_counters[j, K.F_LOSS_OUT] += 1
-                continue
-            delay = faults[j, w, K.P_DELAY]
-            reorder = faults[j, w, K.P_REORDER]
-            bps = faults[j, w, K.P_LINK_BPS]
-        else:
-            delay = reorder = bps = 0.0
+        p_out = faults[j, w, K.P_LOSS_OUT]
+        if p_out > 0.0 and np.random.random() < p_out:
+            fault_counters[j, K.F_LOSS_OUT] += 1
+            continue
+        delay = faults[j, w, K.P_DELAY]
+        reorder = faults[j, w, K.P_REORDER]
+        bps = faults[j, w, K.P_LINK_BPS]
         if delay <= 0.0 and reorder <= 0.0 and bps <= 0.0:
             row_ptr[m] = out_base + out_stride * r
             row_len[m] = plen
