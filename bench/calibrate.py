@@ -197,8 +197,8 @@ def _lockstep(
     packets sent by the workers, packets the switch took in)``."""
     from hostlib.protocol import Timing, WorkerProtocol
     from hostlib.testdata import worker_input
-    from swemu import wire
     from swemu.engine import Batch, EngineConfig, SwitchEngine, warmup
+    from swemu.protocol import wire
 
     warmup()
     eng = SwitchEngine(EngineConfig(pool_size=window, max_jobs=1))
@@ -329,7 +329,7 @@ def measure_socket(size_code: int = 6, bursts: int = 300, repeats: int = 3) -> t
     """Seconds per datagram of a Python ``sendto`` and of a ``recvfrom_into`` (with
     the bookkeeping the data planes do per datagram) over loopback UDP, in bursts
     of 64; one process, so no scheduler wait is included. Best of ``repeats``."""
-    from swemu import wire
+    from swemu.protocol import wire
 
     plen = wire.packet_len(size_code)
     a = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -418,7 +418,7 @@ def measure_wakeup(
     trip is ``2 · (wakeup + recv + send)``."""
     import selectors
 
-    from swemu import wire
+    from swemu.protocol import wire
 
     child = subprocess.Popen(
         [sys.executable, "-c", _ECHO, str(rounds + 200)],

@@ -471,7 +471,7 @@ class BenchConfig:
     step_timeout: float = 120.0  # plus 20× the ideal time of the step
 
     def validate(self) -> None:
-        from swemu import wire
+        from swemu.protocol import wire
 
         bad = [m for m in self.methods if m not in METHODS]
         if bad:

@@ -51,8 +51,8 @@ def make_capture(
     retransmission and the unicast that answers it. Records are assembled a
     block of rounds at a time with numpy (one ``write_batch`` per block).
     """
-    from swemu import wire
     from swemu.pcap import PcapWriter
+    from swemu.protocol import wire
 
     plen = wire.packet_len(size_code)
     block, pool = 1024, 256

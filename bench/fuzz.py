@@ -4,7 +4,7 @@ Each round builds a batch of datagrams that mixes random bytes, truncated and
 bit-flipped valid packets, valid packets of wrong size codes or slots, and
 valid packets from registered, spoofed and unknown sources, and runs it through
 
-* :func:`swemu.wire.decode` (must return a packet or raise ``PacketError``),
+* :func:`swemu.protocol.wire.decode` (must return a packet or raise ``PacketError``),
 * the compiled engine (:meth:`SwitchEngine.process`), checked against the
   plain-Python reference (:class:`swemu.reference.ReferenceSwitch`) action by
   action and byte by byte, and against invariants: every packet gets exactly
@@ -22,8 +22,8 @@ import time
 
 import numpy as np
 
-from swemu import wire
 from swemu.engine import Action, Batch, EngineConfig, SwitchEngine
+from swemu.protocol import wire
 from swemu.reference import ReferenceSwitch
 
 JOBS = [  # session, W, size code, pool, worker addresses

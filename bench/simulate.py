@@ -459,8 +459,8 @@ def switchml_reference(
     import random
 
     from hostlib.protocol import Timing, WorkerProtocol
-    from swemu import wire
     from swemu.engine import EngineConfig, SwitchEngine
+    from swemu.protocol import wire
 
     net = net or Network()
     cfg = cfg or SwitchMLConfig()

@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
-from swemu import fastio, wire
-from swemu.netutil import set_socket_buffers
+from swemu.protocol import fastio, wire
+from swemu.protocol.netutil import set_socket_buffers
 
 
 def serve(

@@ -31,7 +31,7 @@ WARM_PREFIX = "SWITCHML_WARM "
 def main() -> int:
     import hostlib
     from hostlib.testdata import check_result, worker_input
-    from swemu import wire
+    from swemu.protocol import wire
 
     dtype = np.dtype(os.environ.get("SWITCHML_RUN_DTYPE", "float32"))
     nbytes = int(os.environ.get("SWITCHML_RUN_SIZE", str(16 << 20)))
@@ -98,7 +98,7 @@ def warm_up(dtypes: tuple[str, ...] = ("int32", "float32")) -> int:
     from hostlib import fastpath
     from hostlib.protocol import warmup
     from hostlib.testdata import check_result, worker_input
-    from swemu import fastio
+    from swemu.protocol import fastio
 
     warmup()  # both dtypes, as each worker's context does (hostlib.client)
     if fastio.AVAILABLE:

@@ -115,7 +115,7 @@ def run(
     import contextlib
 
     from swemu.launch import EmulatorProcess
-    from swemu.netutil import parse_address
+    from swemu.protocol.netutil import parse_address
 
     if control and not switch:
         raise CLIError("--control needs --switch (the data plane of the same switch)")
@@ -130,7 +130,7 @@ def run(
             raise CLIError(str(exc)) from None
         control = control or f"{host}:50099"
     if packet_size is None:
-        from swemu.wire import EMULATOR_SIZE_CODE
+        from swemu.protocol.wire import EMULATOR_SIZE_CODE
 
         packet_size = _switch_packet_size(control) if switch else int(EMULATOR_SIZE_CODE)
     if window is None:

@@ -45,7 +45,7 @@ class Seconds(click.ParamType):
 def _mac(ctx, param, value):
     if value is None:
         return None
-    from swemu.netutil import parse_mac
+    from swemu.protocol.netutil import parse_mac
 
     try:
         return parse_mac(value)
@@ -303,7 +303,7 @@ def serve(
 
     from swemu.engine import EngineConfig
     from swemu.faults import FaultConfig, configure
-    from swemu.netutil import format_mac
+    from swemu.protocol.netutil import format_mac
     from swemu.server import Emulator
 
     if tui:

@@ -11,7 +11,7 @@ DEFAULT_CONTROL = "127.0.0.1:50099"
 
 def _control_address(ctx: click.Context, param: click.Parameter, value: str) -> str:
     """``HOST[:PORT]`` (port 50099 by default) as the ``HOST:PORT`` gRPC wants."""
-    from swemu.netutil import parse_address
+    from swemu.protocol.netutil import parse_address
 
     try:
         host, port = parse_address(value, 50099)

@@ -1,6 +1,6 @@
 """switchml-emu: a software SwitchML switch.
 
-``swemu.wire`` (the packet codec) and ``swemu.proto`` (the gRPC stubs) are the
+``swemu.protocol.wire`` (the packet codec) and ``swemu.protocol.proto`` (the gRPC stubs) are the
 protocol, shared with the host library; everything else here is the emulator.
 Heavy modules (Numba kernels, the server) load lazily, so that importing the
 codec stays cheap.
@@ -24,9 +24,9 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from .engine import Action, Batch, EngineConfig, RegistrationError, SwitchEngine
-    from .server import Emulator, serve
-    from .shards import ShardedEmulator
+    from swemu.engine import Action, Batch, EngineConfig, RegistrationError, SwitchEngine
+    from swemu.server import Emulator, serve
+    from swemu.shards import ShardedEmulator
 
 __all__ = [
     "Action",

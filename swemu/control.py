@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from .controller import RegistrationError, SessionController
-from .proto import switchml_pb2 as pb
-from .proto import switchml_pb2_grpc as pb_grpc
+from swemu.controller import RegistrationError, SessionController
+from swemu.protocol.proto import switchml_pb2 as pb
+from swemu.protocol.proto import switchml_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
-    from .engine import SwitchEngine
+    from swemu.engine import SwitchEngine
 
 log = logging.getLogger("swemu.control")
 

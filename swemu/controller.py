@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from .engine import EngineConfig, Job, SwitchEngine
+    from swemu.engine import EngineConfig, Job, SwitchEngine
 
 log = logging.getLogger("swemu.controller")
 
@@ -542,7 +542,7 @@ class SessionController:
 # ----------------------------------------------------------------------------- emulator
 def emulator_limits(cfg: EngineConfig) -> TargetLimits:
     """What the emulator accepts (one process or sharded: the same limits)."""
-    from .wire import EMULATOR_SIZE_CODE
+    from swemu.protocol.wire import EMULATOR_SIZE_CODE
 
     return TargetLimits(
         max_workers=cfg.max_workers,
@@ -565,7 +565,7 @@ def emulator_room(
     to the ``in_use`` bytes of the other jobs (jobs being replaced or evicted,
     ``freeing`` -- one handle, a list, or None -- give their memory and their
     entries back), and a job entry must be free."""
-    from .engine import pool_bytes
+    from swemu.engine import pool_bytes
 
     if not isinstance(freeing, list):
         freeing = [] if freeing is None else [freeing]
@@ -641,7 +641,7 @@ class EmulatorTarget:
         """The emulator's fault injection does it: ``loss_in`` drops a worker's packet
         after the lookup, ``loss_out`` each result copy; switch-wide (every job now
         and later), leaving the other fault settings alone."""
-        from .kernels import P_LOSS_IN, P_LOSS_OUT
+        from swemu.kernels import P_LOSS_IN, P_LOSS_OUT
 
         eng = self.engine
         eng.fault_defaults[P_LOSS_IN] = drops.ingress
@@ -680,7 +680,7 @@ class EmulatorTarget:
                     int(eng.dst_ip[j, w]), int(eng.dst_port[j, w]), job.macs.get(w, 0)
                 )
                 destinations.append((job.session_id, w, address))
-        from .kernels import P_LOSS_IN, P_LOSS_OUT
+        from swemu.kernels import P_LOSS_IN, P_LOSS_OUT
 
         defaults = eng.fault_defaults
         drops = DropSimulation(float(defaults[P_LOSS_IN]), float(defaults[P_LOSS_OUT]))

@@ -24,14 +24,14 @@ import numba
 import numpy as np
 from numba import njit, types
 
-from . import fastio
-from . import faults as faults_mod
-from .engine import Batch, EngineConfig, SwitchEngine
-from .faults import DelayQueue
-from .kernels import _process_batch
-from .netutil import set_socket_buffers
-from .rawmem import bytes_at, unowned
-from .wire import MAX_PACKET_LEN, MAX_WORKERS
+from swemu import faults as faults_mod
+from swemu.engine import Batch, EngineConfig, SwitchEngine
+from swemu.faults import DelayQueue
+from swemu.kernels import _process_batch
+from swemu.protocol import fastio
+from swemu.protocol.netutil import set_socket_buffers
+from swemu.protocol.rawmem import bytes_at, unowned
+from swemu.protocol.wire import MAX_PACKET_LEN, MAX_WORKERS
 
 #: Batches drained per readiness callback before yielding to the loop, so the
 #: control plane stays responsive under a flood.
@@ -491,7 +491,7 @@ def _drain(
     and :meth:`SwitchEngine.kernel_state`, unpacked, then ``faulty`` (see
     :func:`_switch_batch`: without faults there is no delay queue either).
 
-    The arrays go on as owner-less views (:func:`swemu.rawmem.unowned`): every
+    The arrays go on as owner-less views (:func:`swemu.protocol.rawmem.unowned`): every
     compiled callee takes its array arguments (tuples of them included) as new
     references, two atomic count updates each, per batch."""
     rx_hdr = unowned(rx_hdr)

@@ -46,10 +46,10 @@ from typing import Any
 
 import numpy as np
 
-from . import kernels as K
-from .controller import EmulatorTarget, SessionController, SwitchAddress
-from .controller import RegistrationError as RegistrationError  # re-exported: its old home
-from .wire import (
+from swemu import kernels as K
+from swemu.controller import EmulatorTarget, SessionController, SwitchAddress
+from swemu.controller import RegistrationError as RegistrationError  # re-exported: its old home
+from swemu.protocol.wire import (
     MAX_PACKET_LEN,
     MAX_SLOTS,
     MAX_WORKERS,
@@ -266,7 +266,7 @@ class SwitchEngine:
         # hands each worker's socket a clone (no copy) instead of one send and one
         # copy per worker. The server turns it on for a data plane bound to loopback
         # (one process: serve --shards 1) by giving ``broadcast_ports`` (which holds
-        # a free port: swemu.netutil.hold_broadcast_port); job_bcast[j] is the port
+        # a free port: swemu.protocol.netutil.hold_broadcast_port); job_bcast[j] is the port
         # in use, or 0.
         self.broadcast_ports: Callable[[set[int]], tuple[Any, int]] | None = None
         self.job_bcast = np.zeros(self.config.max_jobs, np.int32)
@@ -653,7 +653,7 @@ def warmup() -> None:
     """Compile (or load from cache) the kernels before any clock starts."""
     eng = SwitchEngine(EngineConfig(pool_size=4, max_jobs=1))
     eng.register(session_id=1, rank=0, num_workers=1, ipv4=0x7F000001, udp_port=1, pool_size=4)
-    from .wire import encode
+    from swemu.protocol.wire import encode
 
     pkt = encode(size_code=1, job_number=0, tsi=0, set=0, slot=0, values=np.zeros(64, np.int32))
     eng.receive_datagram(pkt, (0x7F000001, 1))

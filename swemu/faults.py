@@ -36,12 +36,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numba import njit
 
-from . import kernels as K
-from .wire import MAX_PACKET_LEN
+from swemu import kernels as K
+from swemu.protocol.wire import MAX_PACKET_LEN
 
 if TYPE_CHECKING:
-    from .dataplane import DataPlane
-    from .engine import SwitchEngine
+    from swemu.dataplane import DataPlane
+    from swemu.engine import SwitchEngine
 
 
 @dataclass(frozen=True)

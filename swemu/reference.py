@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import wire
-from .engine import Action
+from swemu.engine import Action
+from swemu.protocol import wire
 
 
 @dataclass

@@ -37,22 +37,23 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from . import __version__, fastio
-from .control import SessionService, SyncService, start_control_server
-from .dataplane import DataPlane, bind_udp
-from .dataplane import warmup as dataplane_warmup
-from .engine import Batch, EngineConfig, SwitchEngine, warmup
-from .metrics import MetricsServer
-from .netutil import (
+from swemu import __version__
+from swemu.control import SessionService, SyncService, start_control_server
+from swemu.dataplane import DataPlane, bind_udp
+from swemu.dataplane import warmup as dataplane_warmup
+from swemu.engine import Batch, EngineConfig, SwitchEngine, warmup
+from swemu.metrics import MetricsServer
+from swemu.pcap import DEFAULT_MAX_BYTES, DEFAULT_MAX_PACKETS, PcapWriter
+from swemu.protocol import fastio
+from swemu.protocol.netutil import (
     SWITCH_BUFFER_BYTES,
     buffer_advice,
     hold_broadcast_port,
     interface_mac,
     receive_buffer,
 )
-from .pcap import DEFAULT_MAX_BYTES, DEFAULT_MAX_PACKETS, PcapWriter
-from .stats import EmulatorControlService, FaultHandler, add_to_server
-from .wire import DEFAULT_CONTROL_PORT, DEFAULT_UDP_PORT
+from swemu.protocol.wire import DEFAULT_CONTROL_PORT, DEFAULT_UDP_PORT
+from swemu.stats import EmulatorControlService, FaultHandler, add_to_server
 
 log = logging.getLogger("swemu.server")
 
@@ -331,7 +332,7 @@ class Emulator:
         returning the configuration in force; the data plane already exists
         when this is called.
         """
-        from .faults import FaultControl
+        from swemu.faults import FaultControl
 
         return FaultControl(self.engine, self._data)
 

@@ -60,8 +60,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import __version__
-from .controller import (
+from swemu import __version__
+from swemu.controller import (
     BITMAP_WORKERS,
     DropSimulation,
     JobParams,
@@ -74,13 +74,13 @@ from .controller import (
     emulator_room,
     table_state,
 )
-from .netutil import SWITCH_BUFFER_BYTES, buffer_advice, interface_mac, receive_buffer
-from .wire import DEFAULT_CONTROL_PORT, DEFAULT_UDP_PORT
+from swemu.protocol.netutil import SWITCH_BUFFER_BYTES, buffer_advice, interface_mac, receive_buffer
+from swemu.protocol.wire import DEFAULT_CONTROL_PORT, DEFAULT_UDP_PORT
 
 if TYPE_CHECKING:
-    from .engine import EngineConfig
-    from .faults import FaultConfig
-    from .metrics import MetricsServer
+    from swemu.engine import EngineConfig
+    from swemu.faults import FaultConfig
+    from swemu.metrics import MetricsServer
 
 # Numba, numpy and gRPC load where they are used: a shard needs no gRPC, the
 # main process no data-plane kernels, and `serve --help`/option errors neither.
@@ -123,7 +123,7 @@ def check_shards(port: int, shards: int) -> None:
 def bind_shard_sockets(host: str, port: int, count: int, attempts: int = 64) -> list[socket.socket]:
     """``count`` UDP sockets on ports ``port .. port+count-1`` (port 0: any
     consecutive free ones). OSError names the port that cannot be bound."""
-    from .dataplane import bind_udp
+    from swemu.dataplane import bind_udp
 
     if port != 0:
         socks: list[socket.socket] = []
@@ -165,9 +165,9 @@ class _Shard:
         config: EngineConfig,
         loop: asyncio.AbstractEventLoop,
     ) -> None:
-        from .controller import EmulatorTarget
-        from .dataplane import DataPlane
-        from .engine import SwitchEngine
+        from swemu.controller import EmulatorTarget
+        from swemu.dataplane import DataPlane
+        from swemu.engine import SwitchEngine
 
         self.index = index
         self.sock = sock
@@ -215,7 +215,7 @@ class _Shard:
     def op_faults(
         self, config: FaultConfig, session_id: int, rank: int | None, seed: int | None
     ) -> None:
-        from .faults import configure
+        from swemu.faults import configure
 
         configure(self.engine, self.data, config, session_id=session_id, rank=rank, seed=seed)
 
@@ -248,7 +248,7 @@ async def _shard_serve(
     faults: FaultConfig | None,
     seed: int | None,
 ) -> None:
-    from .engine import warmup
+    from swemu.engine import warmup
 
     loop = asyncio.get_running_loop()
     try:
@@ -400,7 +400,7 @@ class ShardedJob:
     @property
     def memory(self) -> int:
         """The whole job's pool: the shards' parts add up to one unsharded pool."""
-        from .engine import pool_bytes
+        from swemu.engine import pool_bytes
 
         return pool_bytes(self.params.pool_size, self.params.size_code)
 
@@ -419,7 +419,7 @@ class ShardedTarget:
         self.links = links
         self.jobs: dict[int, ShardedJob] = {}
         self._free = list(range(config.max_jobs - 1, -1, -1))
-        from .engine import RELEASE_REASONS
+        from swemu.engine import RELEASE_REASONS
 
         self.released: dict[str, int] = dict.fromkeys(RELEASE_REASONS, 0)
         # the controller's clock at each job's last known activity: registrations
@@ -622,8 +622,8 @@ class ShardedEmulator:
         log_level: str = "info",
         startup_timeout: float = 120.0,
     ) -> None:
-        from .control import SyncService
-        from .engine import EngineConfig
+        from swemu.control import SyncService
+        from swemu.engine import EngineConfig
 
         check_shards(port, shards)
         self.shards = shards
@@ -686,9 +686,9 @@ class ShardedEmulator:
     async def start(self) -> None:
         """Bind the ports, start the shards, wait until they serve, then start
         the control plane."""
-        from .control import SessionService, start_control_server
-        from .metrics import MetricsServer
-        from .stats import EmulatorControlService, add_to_server
+        from swemu.control import SessionService, start_control_server
+        from swemu.metrics import MetricsServer
+        from swemu.stats import EmulatorControlService, add_to_server
 
         loop = self._loop = asyncio.get_running_loop()
         self.failed = loop.create_future()
@@ -797,7 +797,7 @@ class ShardedEmulator:
                 summary = await asyncio.wait_for(self.snapshot(), 2.0)
         await self._shutdown()
         if summary is not None:
-            from .server import summary_line
+            from swemu.server import summary_line
 
             log.info("shutdown: %s", summary_line(summary))
 
@@ -873,7 +873,7 @@ class ShardedEmulator:
     async def set_faults(self, msg: Any) -> Any:
         """The ``SetFaults`` handler: checked here, applied in every shard
         (a seed s becomes s + i in shard i)."""
-        from .faults import FaultError, UnknownSessionError, request_config
+        from swemu.faults import FaultError, UnknownSessionError, request_config
 
         cfg, rank = request_config(msg)
         assert self.target is not None

@@ -4,7 +4,7 @@ Each ``tests/vectors/*.json`` file is one scenario (format in
 ``tests/vectors/README.md``). This module loads them, turns their packet
 descriptions into datagrams and runs them against :class:`swemu.engine.SwitchEngine`
 in memory. The packet builder is written from §1 directly, without
-:mod:`swemu.wire`, so that the vectors check the codec too; and the functions
+:mod:`swemu.protocol.wire`, so that the vectors check the codec too; and the functions
 are public so that other runners (real UDP sockets, the P4 program under PTF)
 replay the very same vectors.
 """

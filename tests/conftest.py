@@ -9,7 +9,7 @@ import socket
 import numpy as np
 import pytest
 
-from swemu import wire
+from swemu.protocol import wire
 
 LOCALHOST = 0x7F000001
 

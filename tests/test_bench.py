@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from swemu import fastio
+from swemu.protocol import fastio
 
 
 @pytest.mark.skipif(not fastio.AVAILABLE, reason="needs recvmmsg/sendmmsg (64-bit Linux)")

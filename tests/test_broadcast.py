@@ -20,7 +20,7 @@ from workers import rank_input
 
 import hostlib
 from swemu.engine import EngineConfig, SwitchEngine
-from swemu.netutil import hold_broadcast_port
+from swemu.protocol.netutil import hold_broadcast_port
 from swemu.tui import fmt_count
 
 

@@ -25,9 +25,9 @@ from click.testing import CliRunner
 import hostlib
 import swemu
 from cli.main import emu as emu_cli
-from swemu import wire
 from swemu.engine import EngineConfig
 from swemu.pcap import read_pcap
+from swemu.protocol import wire
 
 pytest.importorskip("scapy")
 from scapy.layers.inet import IP, UDP

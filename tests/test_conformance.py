@@ -28,8 +28,8 @@ from conformance import (
 from hypothesis import given
 from hypothesis import strategies as st
 
-from swemu import wire
 from swemu.engine import EMULATOR_ONLY_ACTIONS, Action
+from swemu.protocol import wire
 
 VECTORS = load_vectors()
 
@@ -157,7 +157,7 @@ def test_build_packet_equals_wire_encode(
     e1: int,
     seed: int,
 ) -> None:
-    """The vectors' independent builder and swemu.wire agree byte for byte."""
+    """The vectors' independent builder and swemu.protocol.wire agree byte for byte."""
     n = wire.values_per_packet(size_code)
     values = np.random.default_rng(seed).integers(-(2**31), 2**31, n, dtype=np.int64)
     desc = {

@@ -36,7 +36,6 @@ from p4.controller import BfrtError, RecordingBfrt, TofinoTarget, WorkerPort, lo
 from p4.controller import bfrt_target as bt
 from p4.controller.p4_schema import P4Program
 from swemu import kernels as K
-from swemu import wire
 from swemu.control import SessionService, SyncService, start_control_server
 from swemu.controller import (
     DropSimulation,
@@ -45,8 +44,9 @@ from swemu.controller import (
     SessionController,
 )
 from swemu.engine import Action, EngineConfig, SwitchEngine
-from swemu.proto import switchml_pb2 as pb
-from swemu.proto import switchml_pb2_grpc as pb_grpc
+from swemu.protocol import wire
+from swemu.protocol.proto import switchml_pb2 as pb
+from swemu.protocol.proto import switchml_pb2_grpc as pb_grpc
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = load_schema()

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from swemu import wire
 from swemu.decode import (
     CONTRIBUTION,
     FROM_SWITCH,
@@ -30,6 +29,7 @@ from swemu.decode import (
     timeline,
 )
 from swemu.pcap import PcapWriter, read_pcap
+from swemu.protocol import wire
 
 IP = wire.ipv4_to_int
 SWITCH = (IP("10.0.0.100"), 0xBEE3)

@@ -174,7 +174,7 @@ def test_mac_of_a_local_address():
     import os
     from pathlib import Path
 
-    from swemu.netutil import mac_of_ipv4
+    from swemu.protocol.netutil import mac_of_ipv4
 
     assert mac_of_ipv4("127.0.0.1") == 0
     assert mac_of_ipv4("203.0.113.250") == 0  # nobody's address

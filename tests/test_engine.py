@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from swemu import kernels as K
-from swemu import wire
 from swemu.engine import Action, Batch, EngineConfig, RegistrationError, SwitchEngine, pool_bytes
+from swemu.protocol import wire
 from swemu.reference import ReferenceSwitch
 
 # two jobs with overlapping job numbers and slots, one IP-only worker

@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from swemu import wire
 from swemu.pcap import (
     MAX_UDP_PAYLOAD,
     CapturedPacket,
@@ -24,6 +23,7 @@ from swemu.pcap import (
     PcapWriter,
     read_pcap,
 )
+from swemu.protocol import wire
 
 # a record: 16-byte pcap header + 14 Ethernet + 20 IPv4 + 8 UDP + payload
 REC_OVERHEAD = 16 + 14 + 20 + 8

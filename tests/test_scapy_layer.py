@@ -1,4 +1,4 @@
-"""swemu.contrib.scapy_switchml: golden bytes in both directions against swemu.wire."""
+"""swemu.contrib.scapy_switchml: golden bytes in both directions against swemu.protocol.wire."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ pytest.importorskip("scapy")
 from scapy.layers.inet import IP, UDP
 from scapy.packet import Raw
 
-from swemu import wire
 from swemu.contrib.scapy_switchml import SwitchML, switchml_packets
+from swemu.protocol import wire
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 

@@ -25,14 +25,14 @@ from workers import rank_input
 
 from hostlib.pytest_plugin import run_workers
 from hostlib.quant import error_bound
-from swemu import wire
 from swemu.engine import Action, SwitchEngine, pool_bytes, shard_slots
 from swemu.launch import EmulatorProcess
 from swemu.metrics import render_metrics
-from swemu.proto import emulator_pb2 as epb
-from swemu.proto import emulator_pb2_grpc as epb_grpc
-from swemu.proto import switchml_pb2 as pb
-from swemu.proto import switchml_pb2_grpc as pb_grpc
+from swemu.protocol import wire
+from swemu.protocol.proto import emulator_pb2 as epb
+from swemu.protocol.proto import emulator_pb2_grpc as epb_grpc
+from swemu.protocol.proto import switchml_pb2 as pb
+from swemu.protocol.proto import switchml_pb2_grpc as pb_grpc
 from swemu.reference import ReferenceSwitch
 from swemu.stats import fetch_stats
 

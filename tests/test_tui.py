@@ -27,8 +27,8 @@ import swemu
 from cli.main import emu as emu_cli
 from swemu.engine import EngineConfig
 from swemu.launch import child_env
-from swemu.proto import switchml_pb2 as spb
-from swemu.proto import switchml_pb2_grpc as spb_grpc
+from swemu.protocol.proto import switchml_pb2 as spb
+from swemu.protocol.proto import switchml_pb2_grpc as spb_grpc
 from swemu.stats import fetch_stats
 from swemu.tui import (
     SPARK_BLOCKS,

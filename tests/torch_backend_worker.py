@@ -28,7 +28,7 @@ from torch import nn
 import hostlib.torch  # noqa: F401  (registers the backend)
 from hostlib.quant import error_bound
 from hostlib.torch_backend import SwitchMLProcessGroup
-from swemu import wire
+from swemu.protocol import wire
 
 #: lengths of the allreduce checks: odd ones, one value, several chunks of any size code
 LENGTHS = (1, 7, 2049, 30011)

@@ -39,7 +39,7 @@ from scapy.layers.inet import UDP
 from scapy.packet import Packet, bind_bottom_up, bind_layers
 from scapy.utils import rdpcap
 
-from swemu.wire import MAX_VALUES, MSG_TYPE, UDP_PORT_BASE
+from swemu.protocol.wire import MAX_VALUES, MSG_TYPE, UDP_PORT_BASE
 
 SWITCHML_PORTS = range(UDP_PORT_BASE, UDP_PORT_BASE + 16)  # port & 0xFFF0 == 0xBEE0
 
