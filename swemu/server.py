@@ -37,7 +37,6 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from swemu import __version__
 from swemu.control import SessionService, SyncService, start_control_server
 from swemu.dataplane import DataPlane, bind_udp
 from swemu.dataplane import warmup as dataplane_warmup
@@ -52,6 +51,7 @@ from swemu.protocol.netutil import (
     interface_mac,
     receive_buffer,
 )
+from swemu.protocol.version import __version__
 from swemu.protocol.wire import DEFAULT_CONTROL_PORT, DEFAULT_UDP_PORT
 from swemu.stats import EmulatorControlService, FaultHandler, add_to_server
 

@@ -60,7 +60,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from swemu import __version__
 from swemu.controller import (
     BITMAP_WORKERS,
     DropSimulation,
@@ -75,6 +74,7 @@ from swemu.controller import (
     table_state,
 )
 from swemu.protocol.netutil import SWITCH_BUFFER_BYTES, buffer_advice, interface_mac, receive_buffer
+from swemu.protocol.version import __version__
 from swemu.protocol.wire import DEFAULT_CONTROL_PORT, DEFAULT_UDP_PORT
 
 if TYPE_CHECKING:
