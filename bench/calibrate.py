@@ -4,7 +4,7 @@ The simulator (:mod:`bench.simulate`) predicts the emulator's own loopback
 setup and says how many emulator shards a real link would need from these
 numbers (seconds):
 
-* ``switch_kernel`` / ``switch_call``: :meth:`swemu.engine.SwitchEngine.process`
+* ``switch_kernel`` / ``switch_call``: :meth:`swemu.core.engine.SwitchEngine.process`
   per received packet and per call (the Numba batch kernel: lookup,
   bitmap/count, aggregation, result building; the per-call part is mostly the
   dispatch of a kernel with ~30 array arguments);
@@ -197,7 +197,7 @@ def _lockstep(
     packets sent by the workers, packets the switch took in)``."""
     from hostlib.protocol import Timing, WorkerProtocol
     from hostlib.testdata import worker_input
-    from swemu.engine import Batch, EngineConfig, SwitchEngine, warmup
+    from swemu.core.engine import Batch, EngineConfig, SwitchEngine, warmup
     from swemu.protocol import wire
 
     warmup()

@@ -64,8 +64,8 @@ def _child(part: str, dtype: str) -> dict[str, Any]:
     if part == "emulator":  # what EmulatorServer.start does before it binds a port
         import asyncio
 
+        from swemu.core.engine import warmup
         from swemu.dataplane import warmup as dataplane_warmup
-        from swemu.engine import warmup
 
         dataplane_warmup(asyncio.new_event_loop())
         warmup()

@@ -30,7 +30,7 @@ spine links; with one rack it is the single switch.
 
 **SwitchML, packet-level reference** (:func:`switchml_reference`): the same
 network with every worker and every packet an event in :class:`EventLoop`,
-driving the project's own sans-IO engines (:class:`swemu.engine.SwitchEngine`
+driving the project's own sans-IO engines (:class:`swemu.core.engine.SwitchEngine`
 and :class:`hostlib.protocol.WorkerProtocol`), real loss and real timers. Slow
 (~10 µs a packet), used by the tests to check the fast model on small cases.
 
@@ -459,7 +459,7 @@ def switchml_reference(
     import random
 
     from hostlib.protocol import Timing, WorkerProtocol
-    from swemu.engine import EngineConfig, SwitchEngine
+    from swemu.core.engine import EngineConfig, SwitchEngine
     from swemu.protocol import wire
 
     net = net or Network()

@@ -48,8 +48,8 @@ def serve(
     """The server process: one data plane in ``mode`` (shard ``i`` of ``S``), until SIGTERM."""
     import asyncio
 
+    from swemu.core.engine import EngineConfig, SwitchEngine, warmup
     from swemu.dataplane import DataPlane, bind_udp
-    from swemu.engine import EngineConfig, SwitchEngine, warmup
 
     async def main() -> None:
         warmup()

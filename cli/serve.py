@@ -301,10 +301,11 @@ def serve(
         if pcap is not None:
             raise click.BadParameter("needs --shards 1 (one data plane)", param_hint="'--pcap'")
 
-    from swemu.engine import EngineConfig
-    from swemu.faults import FaultConfig, configure
+    from swemu.core.engine import EngineConfig
+    from swemu.core.faults import FaultConfig
     from swemu.protocol.netutil import format_mac
     from swemu.server import Emulator
+    from swemu.serving.fault_control import configure
 
     if tui:
         # log lines go through the live view's console, above the view, not across it

@@ -142,7 +142,7 @@ const bit<2> VALUE_OP_READ = 3;    // a retransmission: nothing changes
 
 /* ---------------------------------------------------------------------------
  * What the switch did with a packet (the per-job counter's second index).
- * Same numbering as swemu.engine.Action / swemu.kernels.A_*.
+ * Same numbering as swemu.core.engine.Action / swemu.core.kernels.A_*.
  * ------------------------------------------------------------------------- */
 const bit<3> ACTION_DROP_UNKNOWN_SOURCE = 0;
 const bit<3> ACTION_DROP_MALFORMED = 1;

@@ -16,15 +16,15 @@ _LAZY = {
     "serve": "swemu.server",
     "Emulator": "swemu.server",
     "ShardedEmulator": "swemu.shards",
-    "SwitchEngine": "swemu.engine",
-    "EngineConfig": "swemu.engine",
-    "Batch": "swemu.engine",
-    "Action": "swemu.engine",
-    "RegistrationError": "swemu.engine",
+    "SwitchEngine": "swemu.core.engine",
+    "EngineConfig": "swemu.core.engine",
+    "Batch": "swemu.core.engine",
+    "Action": "swemu.core.engine",
+    "RegistrationError": "swemu.core.engine",
 }
 
 if TYPE_CHECKING:
-    from swemu.engine import Action, Batch, EngineConfig, RegistrationError, SwitchEngine
+    from swemu.core.engine import Action, Batch, EngineConfig, RegistrationError, SwitchEngine
     from swemu.server import Emulator, serve
     from swemu.shards import ShardedEmulator
 

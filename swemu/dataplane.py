@@ -2,7 +2,7 @@
 
 A thin asyncio adapter: the non-blocking socket is registered with
 ``loop.add_reader``; on readiness it drains datagrams straight into the rows of
-a preallocated :class:`~swemu.engine.Batch` (``recvfrom_into``), runs the whole
+a preallocated :class:`~swemu.core.engine.Batch` (``recvfrom_into``), runs the whole
 batch through the Numba kernel in one call, and sends what the kernel asked for.
 
 ``tap``, when set, is called with every processed batch (after the engine ran,
@@ -24,10 +24,10 @@ import numba
 import numpy as np
 from numba import njit, types
 
-from swemu import faults as faults_mod
-from swemu.engine import Batch, EngineConfig, SwitchEngine
-from swemu.faults import DelayQueue
-from swemu.kernels import _process_batch
+from swemu.core import faults as faults_mod
+from swemu.core.engine import Batch, EngineConfig, SwitchEngine
+from swemu.core.faults import DelayQueue
+from swemu.core.kernels import process_batch
 from swemu.protocol import fastio
 from swemu.protocol.netutil import set_socket_buffers
 from swemu.protocol.rawmem import bytes_at, unowned
@@ -99,7 +99,7 @@ def _switch_batch(now, n, counts, io, state, row_addr, faulty):
     ``io`` is :meth:`DataPlane._io` (the batch, the delay queue and the send
     list), ``state`` is :meth:`SwitchEngine.kernel_state`. The datagrams are the
     batch's rows, or where ``row_addr`` says (zero-copy GRO, see
-    :func:`swemu.kernels._process_batch`). Returns how many packets leave now
+    :func:`swemu.core.kernels.process_batch`). Returns how many packets leave now
     (in the send list); ``counts`` gets the rows processed (with duplicates) and
     the kernel's destination count.
 
@@ -151,7 +151,7 @@ def _switch_batch(now, n, counts, io, state, row_addr, faulty):
         n = faults_mod.duplicate_rows(
             buf, lens, ip, port, n, buf.shape[0], addr_keys, addr_vals, faults, fault_counters
         )
-    nd = _process_batch(
+    nd = process_batch(
         buf,
         lens,
         ip,
@@ -816,7 +816,7 @@ class DataPlane:
     switch kernel -> ``sendmmsg``, see :func:`_drain`); elsewhere, or with
     ``fast=False`` (or ``SWEMU_PORTABLE=1``), a portable loop of
     ``recvfrom_into``/``sendto`` feeds the same compiled batch step with the
-    same results. Fault injection (:mod:`swemu.faults`) runs in both.
+    same results. Fault injection (:mod:`swemu.core.faults`) runs in both.
     """
 
     def __init__(

@@ -1,9 +1,9 @@
 """The emulator as a network service: UDP data plane + gRPC control plane.
 
-A thin asyncio adapter around :class:`swemu.engine.SwitchEngine`. The UDP socket
+A thin asyncio adapter around :class:`swemu.core.engine.SwitchEngine`. The UDP socket
 is non-blocking and registered with ``loop.add_reader``: on readiness the
 adapter drains datagrams straight into the rows of a preallocated
-:class:`~swemu.engine.Batch` (``recvfrom_into``, no intermediate bytes), runs
+:class:`~swemu.core.engine.Batch` (``recvfrom_into``, no intermediate bytes), runs
 the whole batch through the Numba kernel in one call, and sends what the kernel
 asked for. The loop may be uvloop or the default asyncio loop; both are tested.
 
@@ -38,9 +38,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from swemu.control import SessionService, SyncService, start_control_server
+from swemu.core.engine import Batch, EngineConfig, SwitchEngine, warmup
 from swemu.dataplane import DataPlane, bind_udp
 from swemu.dataplane import warmup as dataplane_warmup
-from swemu.engine import Batch, EngineConfig, SwitchEngine, warmup
 from swemu.metrics import MetricsServer
 from swemu.pcap import DEFAULT_MAX_BYTES, DEFAULT_MAX_PACKETS, PcapWriter
 from swemu.protocol import fastio
@@ -332,7 +332,7 @@ class Emulator:
         returning the configuration in force; the data plane already exists
         when this is called.
         """
-        from swemu.faults import FaultControl
+        from swemu.serving.fault_control import FaultControl
 
         return FaultControl(self.engine, self._data)
 

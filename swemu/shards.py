@@ -5,13 +5,13 @@ Theory of operation
 One data plane (:mod:`swemu.dataplane`) drains one UDP socket on one core. To
 go past one core the emulator runs S data-plane *shards*, each a process of its
 own with its own event loop, :class:`~swemu.dataplane.DataPlane` and
-:class:`~swemu.engine.SwitchEngine`, shard i on UDP port P + i. The main process
+:class:`~swemu.core.engine.SwitchEngine`, shard i on UDP port P + i. The main process
 keeps everything that is not per packet: the gRPC control plane
-(:class:`~swemu.controller.SessionController`, Barrier/Broadcast, ``GetStats``,
+(:class:`~swemu.core.controller.SessionController`, Barrier/Broadcast, ``GetStats``,
 ``SetFaults``), the metrics endpoint and the live view.
 
 *Slots are split by number.* Shard i holds slot s of every job iff
-``s % S == i``, at local index ``s // S`` (:func:`swemu.engine.shard_slots`
+``s % S == i``, at local index ``s // S`` (:func:`swemu.core.engine.shard_slots`
 slots of each job), so the S pools of a job take together exactly what one
 unsharded pool takes and the control plane's ``--max-pool-memory`` budget stays
 honest. Workers learn the ports from ``UdpSessionResponse.data_ports``
@@ -22,7 +22,7 @@ dropped and counted (``drop_wrong_shard``), never aggregated.
 
 *Control channel.* Each shard has a :func:`multiprocessing.Pipe` to the main
 process carrying ``(seq, op, args)`` requests and ``(seq, ok, value)`` replies.
-:class:`ShardedTarget` implements :class:`swemu.controller.Target` by sending
+:class:`ShardedTarget` implements :class:`swemu.core.controller.Target` by sending
 every table write (create/drop job, set/remove worker, drop simulation) to
 every shard, in order, and :meth:`ShardedTarget.commit` waits until all of
 them were acknowledged: the UdpSession reply waits there (the ``commit`` hook
@@ -60,7 +60,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from swemu.controller import (
+from swemu.core.controller import (
     BITMAP_WORKERS,
     DropSimulation,
     JobParams,
@@ -69,17 +69,16 @@ from swemu.controller import (
     SwitchAddress,
     TargetLimits,
     WorkerAddress,
-    emulator_limits,
-    emulator_room,
     table_state,
 )
+from swemu.core.engine import emulator_limits, emulator_room
 from swemu.protocol.netutil import SWITCH_BUFFER_BYTES, buffer_advice, interface_mac, receive_buffer
 from swemu.protocol.version import __version__
 from swemu.protocol.wire import DEFAULT_CONTROL_PORT, DEFAULT_UDP_PORT
 
 if TYPE_CHECKING:
-    from swemu.engine import EngineConfig
-    from swemu.faults import FaultConfig
+    from swemu.core.engine import EngineConfig
+    from swemu.core.faults import FaultConfig
     from swemu.metrics import MetricsServer
 
 # Numba, numpy and gRPC load where they are used: a shard needs no gRPC, the
@@ -165,9 +164,8 @@ class _Shard:
         config: EngineConfig,
         loop: asyncio.AbstractEventLoop,
     ) -> None:
-        from swemu.controller import EmulatorTarget
+        from swemu.core.engine import EmulatorTarget, SwitchEngine
         from swemu.dataplane import DataPlane
-        from swemu.engine import SwitchEngine
 
         self.index = index
         self.sock = sock
@@ -215,7 +213,7 @@ class _Shard:
     def op_faults(
         self, config: FaultConfig, session_id: int, rank: int | None, seed: int | None
     ) -> None:
-        from swemu.faults import configure
+        from swemu.serving.fault_control import configure
 
         configure(self.engine, self.data, config, session_id=session_id, rank=rank, seed=seed)
 
@@ -248,7 +246,7 @@ async def _shard_serve(
     faults: FaultConfig | None,
     seed: int | None,
 ) -> None:
-    from swemu.engine import warmup
+    from swemu.core.engine import warmup
 
     loop = asyncio.get_running_loop()
     try:
@@ -400,13 +398,13 @@ class ShardedJob:
     @property
     def memory(self) -> int:
         """The whole job's pool: the shards' parts add up to one unsharded pool."""
-        from swemu.engine import pool_bytes
+        from swemu.core.engine import pool_bytes
 
         return pool_bytes(self.params.pool_size, self.params.size_code)
 
 
 class ShardedTarget:
-    """A :class:`swemu.controller.Target` over S data-plane shards.
+    """A :class:`swemu.core.controller.Target` over S data-plane shards.
 
     It keeps the bookkeeping the controller's questions need (jobs, memory, free
     job entries, addresses) in the main process and sends every write to every
@@ -419,7 +417,7 @@ class ShardedTarget:
         self.links = links
         self.jobs: dict[int, ShardedJob] = {}
         self._free = list(range(config.max_jobs - 1, -1, -1))
-        from swemu.engine import RELEASE_REASONS
+        from swemu.core.engine import RELEASE_REASONS
 
         self.released: dict[str, int] = dict.fromkeys(RELEASE_REASONS, 0)
         # the controller's clock at each job's last known activity: registrations
@@ -623,7 +621,7 @@ class ShardedEmulator:
         startup_timeout: float = 120.0,
     ) -> None:
         from swemu.control import SyncService
-        from swemu.engine import EngineConfig
+        from swemu.core.engine import EngineConfig
 
         check_shards(port, shards)
         self.shards = shards
@@ -873,7 +871,7 @@ class ShardedEmulator:
     async def set_faults(self, msg: Any) -> Any:
         """The ``SetFaults`` handler: checked here, applied in every shard
         (a seed s becomes s + i in shard i)."""
-        from swemu.faults import FaultError, UnknownSessionError, request_config
+        from swemu.serving.fault_control import FaultError, UnknownSessionError, request_config
 
         cfg, rank = request_config(msg)
         assert self.target is not None

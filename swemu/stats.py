@@ -1,7 +1,7 @@
 """The emulator's ``EmulatorControl`` gRPC service: snapshots out, fault settings in.
 
 A snapshot is the plain-Python dict of :meth:`swemu.server.Emulator.snapshot`
-(the engine's :meth:`~swemu.engine.SwitchEngine.snapshot` plus the socket
+(the engine's :meth:`~swemu.core.engine.SwitchEngine.snapshot` plus the socket
 layer, the clock and the addresses). This module converts it to the ``Stats``
 message of ``swemu/protocol/proto/emulator.proto`` and back, so that a client of
 ``GetStats`` gets the very dict the emulator built, whatever side of the wire

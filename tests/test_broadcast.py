@@ -19,7 +19,7 @@ import pytest
 from workers import rank_input
 
 import hostlib
-from swemu.engine import EngineConfig, SwitchEngine
+from swemu.core.engine import EngineConfig, SwitchEngine
 from swemu.protocol.netutil import hold_broadcast_port
 from swemu.tui import fmt_count
 
@@ -153,7 +153,7 @@ def test_one_datagram_per_result_unless_egress_faults_are_set():
     # gets (loss, duplication, delay, link rate are per copy)
     from conftest import packet
 
-    from swemu import kernels as K
+    from swemu.core import kernels as K
 
     eng = SwitchEngine(EngineConfig(pool_size=8, max_jobs=2))
     eng.broadcast_ports = hold_broadcast_port

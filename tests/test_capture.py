@@ -25,7 +25,7 @@ from click.testing import CliRunner
 import hostlib
 import swemu
 from cli.main import emu as emu_cli
-from swemu.engine import EngineConfig
+from swemu.core.engine import EngineConfig
 from swemu.pcap import read_pcap
 from swemu.protocol import wire
 

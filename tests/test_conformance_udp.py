@@ -39,8 +39,8 @@ from conformance import (
 )
 
 import swemu
-from swemu import kernels as K
-from swemu.engine import Action, Batch, EngineConfig
+from swemu.core import kernels as K
+from swemu.core.engine import Action, Batch, EngineConfig
 from swemu.protocol.proto import switchml_pb2 as pb
 from swemu.protocol.proto import switchml_pb2_grpc as pb_grpc
 

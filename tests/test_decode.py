@@ -2,7 +2,7 @@
 
 Small hand-built exchanges check each classification rule with the expected
 kinds written out from the scenario; a simulated run through the real
-:class:`swemu.engine.SwitchEngine`, recorded the way a server would record it,
+:class:`swemu.core.engine.SwitchEngine`, recorded the way a server would record it,
 checks that the decoder agrees with every action the switch took.
 """
 
@@ -341,7 +341,7 @@ def test_decoder_agrees_with_the_switch(tmp_path: Path, seed: int) -> None:
     """Workers with lossy links run through SwitchEngine; the capture is recorded
     as a server would (input rows, then result rows per destination). Every
     decoded event must match the action the switch took for it."""
-    from swemu.engine import Action, Batch, SwitchEngine
+    from swemu.core.engine import Action, Batch, SwitchEngine
 
     rng = np.random.default_rng(seed)
     num_workers, pool, chunks, loss = 3, 4, 24, 0.25
@@ -574,7 +574,7 @@ async def test_capture_of_a_real_switch_on_any_port(tmp_path: Path) -> None:
     import hostlib
     import swemu
     from cli.main import emu as emu_cli
-    from swemu.engine import EngineConfig
+    from swemu.core.engine import EngineConfig
 
     path = tmp_path / "any.pcap"
     workers, calls = 3, 2

@@ -26,8 +26,8 @@ import swemu
 from hostlib import AsyncContext, ControlPlaneError, Options
 from hostlib.control import ControlClient
 from swemu.control import SessionService, SyncService, start_control_server
-from swemu.controller import RegistrationError
-from swemu.engine import EngineConfig
+from swemu.core.controller import RegistrationError
+from swemu.core.engine import EngineConfig
 from swemu.launch import EmulatorProcess
 from swemu.protocol import wire
 from swemu.protocol.proto import switchml_pb2 as pb

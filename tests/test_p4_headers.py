@@ -25,7 +25,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swemu.engine import EMULATOR_ONLY_ACTIONS, Action
+from swemu.core.engine import EMULATOR_ONLY_ACTIONS, Action
 from swemu.protocol import wire
 
 P4_DIR = Path(__file__).resolve().parent.parent / "p4"
@@ -432,7 +432,7 @@ def test_types_fit_the_constants() -> None:
 
 
 def test_action_codes_are_the_engines() -> None:
-    """ACTION_* of configuration.p4 number the outcomes as swemu.engine.Action does."""
+    """ACTION_* of configuration.p4 number the outcomes as swemu.core.engine.Action does."""
     for action in (a for a in Action if a not in EMULATOR_ONLY_ACTIONS):
         assert P4.value(f"ACTION_{action.name}") == action.value, action.name
 

@@ -10,7 +10,7 @@ import pytest
 from conftest import LOCALHOST, packet
 
 import swemu
-from swemu.engine import EngineConfig
+from swemu.core.engine import EngineConfig
 from swemu.protocol import wire
 from swemu.protocol.proto import switchml_pb2 as pb
 from swemu.protocol.proto import switchml_pb2_grpc as pb_grpc

@@ -24,7 +24,7 @@ from conftest import LOCALHOST, packet
 import hostlib
 import swemu
 from cli.main import emu as emu_cli
-from swemu.engine import EngineConfig
+from swemu.core.engine import EngineConfig
 from swemu.launch import EmulatorProcess, child_env
 from swemu.metrics import CONTENT_TYPE, render_metrics
 from swemu.pcap import read_pcap

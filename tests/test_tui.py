@@ -25,7 +25,7 @@ from rich.console import Console
 import hostlib
 import swemu
 from cli.main import emu as emu_cli
-from swemu.engine import EngineConfig
+from swemu.core.engine import EngineConfig
 from swemu.launch import child_env
 from swemu.protocol.proto import switchml_pb2 as spb
 from swemu.protocol.proto import switchml_pb2_grpc as spb_grpc

@@ -1,5 +1,5 @@
 """The hardware controller of p4/switchml.p4: the control-plane model of
-:mod:`swemu.controller` written through BF Runtime.
+:mod:`swemu.core.controller` written through BF Runtime.
 
 * :class:`TofinoTarget` (``bfrt_target``): the model's tables on a Tofino;
 * :class:`RecordingBfrt` (``recording_bfrt``): the BF Runtime client in memory,

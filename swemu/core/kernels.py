@@ -1,8 +1,8 @@
 """Numba kernels of the switch data plane: one call handles a whole batch.
 
 Private ``_kernel`` functions take arrays and scalars only and mutate them in
-place; :mod:`swemu.engine` validates and owns the arrays. Every rule here has
-a plain-Python twin in :mod:`swemu.reference` (the test oracle); a change to one
+place; :mod:`swemu.core.engine` validates and owns the arrays. Every rule here has
+a plain-Python twin in :mod:`swemu.core.reference` (the test oracle); a change to one
 is a change to both.
 
 Batch interface (shaped for a later recvmmsg/sendmmsg loop in compiled code):
@@ -26,7 +26,7 @@ from numba import njit
 from swemu.protocol.rawmem import bswap32, bytes_at, unowned, words_at
 
 # --- per-packet actions: what the switch did with row r, and why -------------
-# (the §2 decision table; swemu.engine.Action mirrors these values)
+# (the §2 decision table; swemu.core.engine.Action mirrors these values)
 A_DROP_UNKNOWN_SOURCE = 0
 A_DROP_MALFORMED = 1
 A_DROP_WRONG_SIZE = 2
@@ -89,7 +89,7 @@ SH_COUNT = 0  # data-plane processes S (1: not sharded)
 SH_INDEX = 1  # this one's index i: it owns the slots s with s % S == i
 
 HEADER_LEN = 10
-NO_ADDRESSES = np.zeros(0, np.int64)  # _process_batch's row_addr: datagrams are rows
+NO_ADDRESSES = np.zeros(0, np.int64)  # process_batch's row_addr: datagrams are rows
 MSG_TYPE = 1
 
 
@@ -144,7 +144,7 @@ def _egress_faults(faults, j, nw):
 
 
 @njit(cache=True, nogil=True)
-def _process_batch(
+def process_batch(
     buf,
     lens,
     src_ip,
