@@ -58,7 +58,7 @@ def run(
 ) -> dict[str, Any]:
     """Serve ``jobs`` consecutive jobs; return RSS samples, timings and the final stats."""
     from swemu.launch import EmulatorProcess
-    from swemu.stats import fetch_stats
+    from swemu.observe.stats import fetch_stats
 
     n = size // 4
     samples: list[dict[str, Any]] = []

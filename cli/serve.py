@@ -448,8 +448,8 @@ async def _live_view(emu) -> None:
 
     from rich.live import Live
 
-    from swemu.stats import take_snapshot
-    from swemu.tui import History, render
+    from swemu.observe.stats import take_snapshot
+    from swemu.observe.tui import History, render
 
     history = History()
     snap = await take_snapshot(emu.snapshot)  # a sharded emulator asks its shards

@@ -41,8 +41,9 @@ from swemu.control import SessionService, SyncService, start_control_server
 from swemu.core.engine import Batch, EngineConfig, SwitchEngine, warmup
 from swemu.dataplane import DataPlane, bind_udp
 from swemu.dataplane import warmup as dataplane_warmup
-from swemu.metrics import MetricsServer
-from swemu.pcap import DEFAULT_MAX_BYTES, DEFAULT_MAX_PACKETS, PcapWriter
+from swemu.observe.metrics import MetricsServer
+from swemu.observe.pcap import DEFAULT_MAX_BYTES, DEFAULT_MAX_PACKETS, PcapWriter
+from swemu.observe.stats import EmulatorControlService, FaultHandler, add_to_server
 from swemu.protocol import fastio
 from swemu.protocol.netutil import (
     SWITCH_BUFFER_BYTES,
@@ -53,7 +54,6 @@ from swemu.protocol.netutil import (
 )
 from swemu.protocol.version import __version__
 from swemu.protocol.wire import DEFAULT_CONTROL_PORT, DEFAULT_UDP_PORT
-from swemu.stats import EmulatorControlService, FaultHandler, add_to_server
 
 log = logging.getLogger("swemu.server")
 

@@ -79,7 +79,7 @@ from swemu.protocol.wire import DEFAULT_CONTROL_PORT, DEFAULT_UDP_PORT
 if TYPE_CHECKING:
     from swemu.core.engine import EngineConfig
     from swemu.core.faults import FaultConfig
-    from swemu.metrics import MetricsServer
+    from swemu.observe.metrics import MetricsServer
 
 # Numba, numpy and gRPC load where they are used: a shard needs no gRPC, the
 # main process no data-plane kernels, and `serve --help`/option errors neither.
@@ -685,8 +685,8 @@ class ShardedEmulator:
         """Bind the ports, start the shards, wait until they serve, then start
         the control plane."""
         from swemu.control import SessionService, start_control_server
-        from swemu.metrics import MetricsServer
-        from swemu.stats import EmulatorControlService, add_to_server
+        from swemu.observe.metrics import MetricsServer
+        from swemu.observe.stats import EmulatorControlService, add_to_server
 
         loop = self._loop = asyncio.get_running_loop()
         self.failed = loop.create_future()

@@ -20,8 +20,8 @@ from workers import rank_input
 
 import hostlib
 from swemu.core.engine import EngineConfig, SwitchEngine
+from swemu.observe.tui import fmt_count
 from swemu.protocol.netutil import hold_broadcast_port
-from swemu.tui import fmt_count
 
 
 def _jobs(emu) -> dict[int, dict]:

@@ -1,4 +1,4 @@
-"""swemu.decode: captures become per-slot timelines with the switch's own view.
+"""swemu.observe.decode: captures become per-slot timelines with the switch's own view.
 
 Small hand-built exchanges check each classification rule with the expected
 kinds written out from the scenario; a simulated run through the real
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from swemu.decode import (
+from swemu.observe.decode import (
     CONTRIBUTION,
     FROM_SWITCH,
     MALFORMED,
@@ -28,7 +28,7 @@ from swemu.decode import (
     summary,
     timeline,
 )
-from swemu.pcap import PcapWriter, read_pcap
+from swemu.observe.pcap import PcapWriter, read_pcap
 from swemu.protocol import wire
 
 IP = wire.ipv4_to_int
@@ -441,7 +441,7 @@ def test_decoder_agrees_with_the_switch(tmp_path: Path, seed: int) -> None:
 
 # ------------------------------------------------- the switch's port, inferred
 def test_infer_switch_ports() -> None:
-    from swemu.decode import infer_switch_ports
+    from swemu.observe.decode import infer_switch_ports
 
     # three workers and a switch on 48890: the switch's port is in every packet
     sport = [40001, 40002, 40003, 48890, 48890, 48890]
@@ -479,8 +479,8 @@ def test_switch_on_any_port(tmp_path: Path) -> None:
 def test_decoder_streams_and_holds_multicasts_until_final(tmp_path: Path) -> None:
     """Events come out batch by batch, but a result only once no copy can follow
     (its fanout is final); a burst in one instant is released at ``hold``."""
-    from swemu.decode import Decoder
-    from swemu.pcap import read_pcap_batches
+    from swemu.observe.decode import Decoder
+    from swemu.observe.pcap import read_pcap_batches
 
     path = tmp_path / "s.pcap"
     with PcapWriter(path) as w:

@@ -28,13 +28,13 @@ from hostlib.quant import error_bound
 from swemu.core.engine import Action, SwitchEngine, pool_bytes, shard_slots
 from swemu.core.reference import ReferenceSwitch
 from swemu.launch import EmulatorProcess
-from swemu.metrics import render_metrics
+from swemu.observe.metrics import render_metrics
+from swemu.observe.stats import fetch_stats
 from swemu.protocol import wire
 from swemu.protocol.proto import emulator_pb2 as epb
 from swemu.protocol.proto import emulator_pb2_grpc as epb_grpc
 from swemu.protocol.proto import switchml_pb2 as pb
 from swemu.protocol.proto import switchml_pb2_grpc as pb_grpc
-from swemu.stats import fetch_stats
 
 MAX_POOL_MEMORY = 1 << 20  # --max-pool-memory of the shared emulator
 #: With a cold Numba cache every shard compiles the kernels at once.

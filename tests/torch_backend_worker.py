@@ -245,7 +245,7 @@ def checks(out: dict, rank: int, size: int) -> None:
     # the emulator's view: every call of the world group was aggregated there
     dist.barrier()
     if rank == 0:
-        from swemu.stats import fetch_stats
+        from swemu.observe.stats import fetch_stats
 
         snap = fetch_stats(os.environ["SWITCHML_CONTROL"])
         jobs = {j["session_id"]: j for j in snap["jobs"]}

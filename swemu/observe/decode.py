@@ -1,7 +1,7 @@
 """Turn a capture of SwitchML traffic into a per-slot timeline of what happened.
 
 :class:`Decoder` reads captured datagrams a batch at a time (from
-:func:`swemu.pcap.read_pcap_batches`) and classifies each SwitchML packet the
+:func:`swemu.observe.pcap.read_pcap_batches`) and classifies each SwitchML packet the
 way the switch of docs/protocol.md §2 sees it, returning events as soon as they are
 final; :func:`timeline` does it for a whole capture; :func:`render_timeline`
 draws events as a rich table, one section per (switch port, slot);
@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from swemu.pcap import CapturedPacket, PacketBatch, gather
+from swemu.observe.pcap import CapturedPacket, PacketBatch, gather
 from swemu.protocol import wire
 
 if TYPE_CHECKING:
@@ -183,8 +183,8 @@ class _Multicast:
 class Decoder:
     """Classify a capture's SwitchML packets batch by batch, in capture order.
 
-    Feed it :class:`swemu.pcap.PacketBatch` es (from
-    :func:`swemu.pcap.read_pcap_batches`); each :meth:`feed` returns the events
+    Feed it :class:`swemu.observe.pcap.PacketBatch` es (from
+    :func:`swemu.observe.pcap.read_pcap_batches`); each :meth:`feed` returns the events
     that are final, and :meth:`finish` the rest. An event is held back until its
     multicast can have no more copies (the capture's clock passed its time plus
     ``instant``) so that its ``fanout`` is final when it is returned; at most
