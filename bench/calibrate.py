@@ -507,7 +507,7 @@ def measure_in_situ(
     import random
     import statistics
 
-    from swemu.launch import EmulatorProcess, child_env
+    from swemu.serving.launch import EmulatorProcess, child_env
 
     from .simulate import simulate_loopback
 
@@ -652,7 +652,7 @@ def run_switchml(
     emulator, its default size code 6 and window 128) and return its JSON report."""
     import tempfile
 
-    from swemu.launch import child_env
+    from swemu.serving.launch import child_env
 
     with tempfile.TemporaryDirectory(prefix="switchml-check-") as tmp:
         out = Path(tmp) / "run.json"

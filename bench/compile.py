@@ -65,7 +65,7 @@ def _child(part: str, dtype: str) -> dict[str, Any]:
         import asyncio
 
         from swemu.core.engine import warmup
-        from swemu.dataplane import warmup as dataplane_warmup
+        from swemu.serving.dataplane import warmup as dataplane_warmup
 
         dataplane_warmup(asyncio.new_event_loop())
         warmup()

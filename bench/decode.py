@@ -115,9 +115,9 @@ def _timed(fn) -> tuple[float, float, float, Any]:
 
 def run(size: int, size_code: int, workers: int, loss_every: int, log=print) -> dict[str, Any]:
     """Make the capture, time every way of reading it, remove it."""
-    from swemu.launch import child_env
     from swemu.observe.decode import Decoder, decode_batches
     from swemu.observe.pcap import read_pcap, read_pcap_batches
+    from swemu.serving.launch import child_env
 
     with tempfile.TemporaryDirectory(prefix="swemu-bench-decode-") as tmp:
         path = Path(tmp) / "big.pcap"

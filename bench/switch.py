@@ -49,7 +49,7 @@ def serve(
     import asyncio
 
     from swemu.core.engine import EngineConfig, SwitchEngine, warmup
-    from swemu.dataplane import DataPlane, bind_udp
+    from swemu.serving.dataplane import DataPlane, bind_udp
 
     async def main() -> None:
         warmup()

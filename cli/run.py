@@ -16,7 +16,7 @@ rather than compile them N times at once (a first run printed "compiling
 kernels (first run only)").
 
 Lifetime: every child (emulator, warm-up, workers, user commands) is started
-by :func:`swemu.launch.spawn` and so is sent SIGTERM by the kernel if this
+by :func:`swemu.serving.launch.spawn` and so is sent SIGTERM by the kernel if this
 process dies, even by SIGKILL. SIGHUP (the terminal closed) unwinds like
 SIGTERM and Ctrl-C: the workers are killed, the emulator stopped in order.
 """
@@ -114,8 +114,8 @@ def run(
     """Launch WORKERS workers; with -- COMMAND, run COMMAND as each worker."""
     import contextlib
 
-    from swemu.launch import EmulatorProcess
     from swemu.protocol.netutil import parse_address
+    from swemu.serving.launch import EmulatorProcess
 
     if control and not switch:
         raise CLIError("--control needs --switch (the data plane of the same switch)")
@@ -231,7 +231,7 @@ def _start_up(emu, dtype: str | None = None) -> None:
     import sys
     import time
 
-    from swemu.launch import CHILD_CWD, child_env, spawn
+    from swemu.serving.launch import CHILD_CWD, child_env, spawn
 
     from ._worker import COMPILING, WARM_PREFIX
 
@@ -395,7 +395,7 @@ def _launch(
     import sys
     import time
 
-    from swemu.launch import CHILD_CWD, child_env, spawn
+    from swemu.serving.launch import CHILD_CWD, child_env, spawn, torchrun_envs
 
     from ._worker import ITER_PREFIX, RESULT_PREFIX
 
@@ -472,36 +472,6 @@ def _launch(
             why = reports.get(rank, {}).get("error")
             failed.append(f"rank {rank} (exit {p.returncode}{': ' + why if why else ''})")
     return failed
-
-
-def torchrun_envs(workers: int) -> list[dict[str, str]]:
-    """What torchrun sets for each rank of a one-machine job, one dict per
-    rank: the world, the rank, a rendezvous on a free loopback port (rank 0's
-    ``init_process_group`` serves the store there) and one OpenMP thread per
-    process unless the user chose otherwise."""
-    import os
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {
-        "WORLD_SIZE": str(workers),
-        "LOCAL_WORLD_SIZE": str(workers),
-        "ROLE_WORLD_SIZE": str(workers),
-        "GROUP_RANK": "0",
-        "GROUP_WORLD_SIZE": "1",
-        "ROLE_NAME": "default",
-        "TORCHELASTIC_RESTART_COUNT": "0",
-        "TORCHELASTIC_MAX_RESTARTS": "0",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-    }
-    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
-        env["OMP_NUM_THREADS"] = "1"
-    return [
-        {**env, "RANK": str(r), "LOCAL_RANK": str(r), "ROLE_RANK": str(r)} for r in range(workers)
-    ]
 
 
 def _row(it: int, per: list[dict], size: int, workers: int) -> dict:

@@ -2,7 +2,7 @@
 
 With ``--shards S`` (S > 1) the data plane runs in S processes on ports
 ``--port`` .. ``--port + S - 1`` behind this process's control plane
-(:mod:`swemu.shards`); with the default 1 everything runs in this process.
+(:mod:`swemu.serving.shards`); with the default 1 everything runs in this process.
 """
 
 from __future__ import annotations
@@ -292,7 +292,7 @@ def serve(
     import signal
 
     if shards > 1:  # checked before the heavy imports: a bad option costs nothing
-        from swemu.shards import check_shards
+        from swemu.serving.shards import check_shards
 
         try:
             check_shards(port, shards)
@@ -304,8 +304,8 @@ def serve(
     from swemu.core.engine import EngineConfig
     from swemu.core.faults import FaultConfig
     from swemu.protocol.netutil import format_mac
-    from swemu.server import Emulator
     from swemu.serving.fault_control import configure
+    from swemu.serving.server import Emulator
 
     if tui:
         # log lines go through the live view's console, above the view, not across it
@@ -353,7 +353,7 @@ def serve(
             "metrics_host": metrics_host,
         }
         if shards > 1:
-            from swemu.shards import ShardedEmulator
+            from swemu.serving.shards import ShardedEmulator
 
             if not gso:  # read by each shard's data plane (spawned with this environment)
                 os.environ["SWEMU_GSO"] = "0"

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 from swemu.protocol.version import __version__
 
 _LAZY = {
-    "serve": "swemu.server",
-    "Emulator": "swemu.server",
-    "ShardedEmulator": "swemu.shards",
+    "serve": "swemu.serving.server",
+    "Emulator": "swemu.serving.server",
+    "ShardedEmulator": "swemu.serving.shards",
     "SwitchEngine": "swemu.core.engine",
     "EngineConfig": "swemu.core.engine",
     "Batch": "swemu.core.engine",
@@ -25,8 +25,8 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from swemu.core.engine import Action, Batch, EngineConfig, RegistrationError, SwitchEngine
-    from swemu.server import Emulator, serve
-    from swemu.shards import ShardedEmulator
+    from swemu.serving.server import Emulator, serve
+    from swemu.serving.shards import ShardedEmulator
 
 __all__ = [
     "Action",

@@ -35,7 +35,6 @@ import swemu
 from p4.controller import BfrtError, RecordingBfrt, TofinoTarget, WorkerPort, load_schema
 from p4.controller import bfrt_target as bt
 from p4.controller.p4_schema import P4Program
-from swemu.control import SessionService, SyncService, start_control_server
 from swemu.core import kernels as K
 from swemu.core.controller import (
     DropSimulation,
@@ -46,6 +45,7 @@ from swemu.core.engine import Action, EmulatorTarget, EngineConfig, SwitchEngine
 from swemu.protocol import wire
 from swemu.protocol.proto import switchml_pb2 as pb
 from swemu.protocol.proto import switchml_pb2_grpc as pb_grpc
+from swemu.serving.control_plane import SessionService, SyncService, start_control_server
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = load_schema()

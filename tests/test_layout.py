@@ -286,7 +286,6 @@ def test_cycle_finder():
 pending = pytest.mark.xfail(strict=True, reason="issue 23: the layout move is pending")
 
 
-@pending
 def test_every_module_has_a_layer():
     """Every module of swemu sits in one of the layer packages (the package
     facade ``swemu/__init__.py`` and the documented ``swemu.launch`` shim aside)."""
@@ -298,7 +297,6 @@ def test_every_module_has_a_layer():
     assert not loose, f"modules outside the layers: {loose}"
 
 
-@pending
 def test_imports_point_down_the_layers():
     wrong = []
     for e in scan():
@@ -312,7 +310,6 @@ def test_imports_point_down_the_layers():
     assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
 
 
-@pending
 def test_hostlib_stands_on_the_protocol_base_alone():
     wrong = [
         str(e)

@@ -249,7 +249,7 @@ class Controller:
         return TofinoTarget(bfrt.bfrt_info, bfrt.gc, bfrt.device, **options)
 
     async def start(self) -> None:
-        from swemu.control import SessionService, SyncService, start_control_server
+        from swemu.serving.control_plane import SessionService, SyncService, start_control_server
 
         a = self.args
         loop = asyncio.get_running_loop()
@@ -259,7 +259,7 @@ class Controller:
             self.target = self._tofino(None)
         else:
             from swemu.core.engine import EmulatorTarget, EngineConfig, SwitchEngine, warmup
-            from swemu.dataplane import DataPlane, bind_udp
+            from swemu.serving.dataplane import DataPlane, bind_udp
 
             bfrt = RecordingBfrt(on_write=lambda w: print(format_write(w), flush=True))
             engine = SwitchEngine(EngineConfig(pool_size=NUM_POOL_SLOTS))

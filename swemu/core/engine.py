@@ -257,7 +257,7 @@ class Batch:
 class SwitchEngine:
     """The emulated switch: job table, pools, address table and counters.
 
-    ``shard=(i, S)`` makes it data-plane shard i of S (``swemu.shards``): it
+    ``shard=(i, S)`` makes it data-plane shard i of S (``swemu.serving.shards``): it
     holds only the slots s with ``s % S == i`` of every job, at local index
     ``s // S``, and drops packets for the other slots as ``drop_wrong_shard``.
     The default ``(0, 1)`` is the whole switch.

@@ -84,7 +84,7 @@ G_PKTS_IN = 0
 G_DROP_UNKNOWN_SOURCE = 1
 N_GLOBAL_COUNTERS = 2
 
-# --- the engine's place among the data-plane shards (swemu.shards) -----------
+# --- the engine's place among the data-plane shards (swemu.serving.shards) -----------
 SH_COUNT = 0  # data-plane processes S (1: not sharded)
 SH_INDEX = 1  # this one's index i: it owns the slots s with s % S == i
 

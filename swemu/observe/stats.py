@@ -1,6 +1,6 @@
 """The emulator's ``EmulatorControl`` gRPC service: snapshots out, fault settings in.
 
-A snapshot is the plain-Python dict of :meth:`swemu.server.Emulator.snapshot`
+A snapshot is the plain-Python dict of :meth:`swemu.serving.server.Emulator.snapshot`
 (the engine's :meth:`~swemu.core.engine.SwitchEngine.snapshot` plus the socket
 layer, the clock and the addresses). This module converts it to the ``Stats``
 message of ``swemu/protocol/proto/emulator.proto`` and back, so that a client of

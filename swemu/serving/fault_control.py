@@ -15,7 +15,7 @@ from swemu.core.faults import FaultConfig
 
 if TYPE_CHECKING:
     from swemu.core.engine import SwitchEngine
-    from swemu.dataplane import DataPlane
+    from swemu.serving.dataplane import DataPlane
 
 
 class FaultError(ValueError):

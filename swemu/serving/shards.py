@@ -2,9 +2,9 @@
 
 Theory of operation
 -------------------
-One data plane (:mod:`swemu.dataplane`) drains one UDP socket on one core. To
+One data plane (:mod:`swemu.serving.dataplane`) drains one UDP socket on one core. To
 go past one core the emulator runs S data-plane *shards*, each a process of its
-own with its own event loop, :class:`~swemu.dataplane.DataPlane` and
+own with its own event loop, :class:`~swemu.serving.dataplane.DataPlane` and
 :class:`~swemu.core.engine.SwitchEngine`, shard i on UDP port P + i. The main process
 keeps everything that is not per packet: the gRPC control plane
 (:class:`~swemu.core.controller.SessionController`, Barrier/Broadcast, ``GetStats``,
@@ -26,7 +26,7 @@ process carrying ``(seq, op, args)`` requests and ``(seq, ok, value)`` replies.
 every table write (create/drop job, set/remove worker, drop simulation) to
 every shard, in order, and :meth:`ShardedTarget.commit` waits until all of
 them were acknowledged: the UdpSession reply waits there (the ``commit`` hook
-of :class:`~swemu.control.SessionService`), so a worker never sends to a shard
+of :class:`~swemu.serving.control_plane.SessionService`), so a worker never sends to a shard
 that does not know its job yet. Snapshots and fault settings are requests to
 every shard too; :func:`merge_snapshots` sums the shards' counters into the one
 snapshot shape ``GetStats``, ``stats``, ``top``, the metrics and the TUI read.
@@ -122,7 +122,7 @@ def check_shards(port: int, shards: int) -> None:
 def bind_shard_sockets(host: str, port: int, count: int, attempts: int = 64) -> list[socket.socket]:
     """``count`` UDP sockets on ports ``port .. port+count-1`` (port 0: any
     consecutive free ones). OSError names the port that cannot be bound."""
-    from swemu.dataplane import bind_udp
+    from swemu.serving.dataplane import bind_udp
 
     if port != 0:
         socks: list[socket.socket] = []
@@ -165,7 +165,7 @@ class _Shard:
         loop: asyncio.AbstractEventLoop,
     ) -> None:
         from swemu.core.engine import EmulatorTarget, SwitchEngine
-        from swemu.dataplane import DataPlane
+        from swemu.serving.dataplane import DataPlane
 
         self.index = index
         self.sock = sock
@@ -595,7 +595,7 @@ def merge_snapshots(parts: list[dict[str, Any]], now: float) -> dict[str, Any]:
 class ShardedEmulator:
     """The emulator with S data-plane processes and the control plane here.
 
-    The counterpart of :class:`swemu.server.Emulator` (same addresses, start,
+    The counterpart of :class:`swemu.serving.server.Emulator` (same addresses, start,
     stop, snapshot — but :meth:`snapshot` is a coroutine: it asks the shards).
     ``faults``/``seed`` are the fault injection every shard starts with (shard i
     seeded ``seed + i``). :attr:`failed` resolves to a message if a shard dies.
@@ -620,8 +620,8 @@ class ShardedEmulator:
         log_level: str = "info",
         startup_timeout: float = 120.0,
     ) -> None:
-        from swemu.control import SyncService
         from swemu.core.engine import EngineConfig
+        from swemu.serving.control_plane import SyncService
 
         check_shards(port, shards)
         self.shards = shards
@@ -684,9 +684,9 @@ class ShardedEmulator:
     async def start(self) -> None:
         """Bind the ports, start the shards, wait until they serve, then start
         the control plane."""
-        from swemu.control import SessionService, start_control_server
         from swemu.observe.metrics import MetricsServer
         from swemu.observe.stats import EmulatorControlService, add_to_server
+        from swemu.serving.control_plane import SessionService, start_control_server
 
         loop = self._loop = asyncio.get_running_loop()
         self.failed = loop.create_future()
@@ -795,7 +795,7 @@ class ShardedEmulator:
                 summary = await asyncio.wait_for(self.snapshot(), 2.0)
         await self._shutdown()
         if summary is not None:
-            from swemu.server import summary_line
+            from swemu.serving.server import summary_line
 
             log.info("shutdown: %s", summary_line(summary))
 
@@ -827,7 +827,7 @@ class ShardedEmulator:
 
     async def snapshot(self) -> dict[str, Any]:
         """Every counter, summed over the shards (see :func:`merge_snapshots`),
-        in the shape of :meth:`swemu.server.Emulator.snapshot`; a shard that
+        in the shape of :meth:`swemu.serving.server.Emulator.snapshot`; a shard that
         does not answer is left out (``shards`` lists who answered)."""
         answers = await self._ask_all("snapshot")
         parts = [a for a in answers if not isinstance(a, BaseException)]

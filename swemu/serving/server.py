@@ -21,7 +21,7 @@ pcap capture (``pcap=PATH``) is a :attr:`DataPlane.tap` that is not installed
 at all when capture is off.
 
 This is the single-process emulator (``serve --shards 1``); with several
-data-plane processes, :class:`swemu.shards.ShardedEmulator` takes its place.
+data-plane processes, :class:`swemu.serving.shards.ShardedEmulator` takes its place.
 """
 
 from __future__ import annotations
@@ -37,10 +37,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from swemu.control import SessionService, SyncService, start_control_server
 from swemu.core.engine import Batch, EngineConfig, SwitchEngine, warmup
-from swemu.dataplane import DataPlane, bind_udp
-from swemu.dataplane import warmup as dataplane_warmup
 from swemu.observe.metrics import MetricsServer
 from swemu.observe.pcap import DEFAULT_MAX_BYTES, DEFAULT_MAX_PACKETS, PcapWriter
 from swemu.observe.stats import EmulatorControlService, FaultHandler, add_to_server
@@ -54,6 +51,9 @@ from swemu.protocol.netutil import (
 )
 from swemu.protocol.version import __version__
 from swemu.protocol.wire import DEFAULT_CONTROL_PORT, DEFAULT_UDP_PORT
+from swemu.serving.control_plane import SessionService, SyncService, start_control_server
+from swemu.serving.dataplane import DataPlane, bind_udp
+from swemu.serving.dataplane import warmup as dataplane_warmup
 
 log = logging.getLogger("swemu.server")
 

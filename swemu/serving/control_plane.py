@@ -65,7 +65,7 @@ class SessionService(pb_grpc.SessionServicer):
     with; leave it out when the controller already has one.
 
     ``commit``, when given, is awaited after a registration was written and
-    before the reply goes out: a sharded emulator (:mod:`swemu.shards`) waits
+    before the reply goes out: a sharded emulator (:mod:`swemu.serving.shards`) waits
     there until every data-plane process has applied it, so that a worker never
     sends to a shard that does not know its job yet.
 
