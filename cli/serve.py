@@ -292,7 +292,7 @@ def serve(
     import signal
 
     if shards > 1:  # checked before the heavy imports: a bad option costs nothing
-        from swemu.serving.shards import check_shards
+        from swemu.serving.shard_process import check_shards
 
         try:
             check_shards(port, shards)
