@@ -828,6 +828,15 @@ def paper_models() -> list[ModelProfile]:
     return [resnet50(), bert_base(), vgg19(), lstm_lm()]
 
 
+#: The models by the names ``switchml simulate --params`` accepts.
+MODELS: dict[str, Callable[[], ModelProfile]] = {
+    "resnet50": resnet50,
+    "bert": bert_base,
+    "vgg19": vgg19,
+    "lstm": lstm_lm,
+}
+
+
 def with_compute(model: ModelProfile, compute: float) -> ModelProfile:
     """The same model with another compute time per iteration."""
     return replace(model, compute=compute)
@@ -1476,9 +1485,3 @@ def what_if(
         out["shards_kernel_only"] = math.ceil(link_pps * workers / out["shard_pps_kernel_only"])
         out["worker_cores"] = math.ceil(link_pps * out["host_packet"])
     return out
-
-
-if __name__ == "__main__":  # python -m bench.simulate [what-if|reproduce|check|...]
-    from cli.simulate import simulate
-
-    simulate()

@@ -9,7 +9,7 @@ GROUP_RANK, ROLE_RANK, MASTER_ADDR and a free MASTER_PORT, OMP_NUM_THREADS=1
 unless set) and SWITCHML_* naming the switch, so the program can call
 ``hostlib.from_env()`` or ``dist.init_process_group("switchml")``.
 
-Start-up: the local emulator and one warm-up process (``cli._worker
+Start-up: the local emulator and one warm-up process (``cli.worker
 --warm-up``) start side by side; each compiles its kernels, or loads them from
 Numba's cache, once. The workers start after both, so they load the kernels
 rather than compile them N times at once (a first run printed "compiling
@@ -233,11 +233,11 @@ def _start_up(emu, dtype: str | None = None) -> None:
 
     from swemu.serving.launch import CHILD_CWD, child_env, spawn
 
-    from ._worker import COMPILING, WARM_PREFIX
+    from .worker import COMPILING, WARM_PREFIX
 
     t0 = time.monotonic()
     warm = spawn(
-        [sys.executable, "-m", "cli._worker", "--warm-up", *([dtype] if dtype else [])],
+        [sys.executable, "-m", "cli.worker", "--warm-up", *([dtype] if dtype else [])],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -397,7 +397,7 @@ def _launch(
 
     from swemu.serving.launch import CHILD_CWD, child_env, spawn, torchrun_envs
 
-    from ._worker import ITER_PREFIX, RESULT_PREFIX
+    from .worker import ITER_PREFIX, RESULT_PREFIX
 
     session = random.getrandbits(62) | 1
     launcher = torchrun_envs(workers)
@@ -416,7 +416,7 @@ def _launch(
             SWITCHML_RUN_DTYPE=dtype,
             SWITCHML_RUN_ITERS=str(iters),
         )
-        cmd = list(command) if command else [sys.executable, "-m", "cli._worker"]
+        cmd = list(command) if command else [sys.executable, "-m", "cli.worker"]
         try:
             procs.append(
                 spawn(

@@ -3,7 +3,7 @@ deterministic inputs, check every result, report each iteration as one JSON
 line as it finishes (the launcher's table grows row by row) and a last line
 with the whole report.
 
-``python -m cli._worker --warm-up [DTYPE]`` is the launcher's one compile step
+``python -m cli.worker --warm-up [DTYPE]`` is the launcher's one compile step
 instead: it compiles (or loads from Numba's cache) every kernel a worker uses,
 once, so that the N workers started after it load them from the cache rather
 than each compiling the same kernels at the same time; with a DTYPE (int32 or
