@@ -1,9 +1,14 @@
 """switchml-emu: a software SwitchML switch.
 
-``swemu.protocol.wire`` (the packet codec) and ``swemu.protocol.proto`` (the gRPC stubs) are the
-protocol, shared with the host library; everything else here is the emulator.
-Heavy modules (Numba kernels, the server) load lazily, so that importing the
-codec stays cheap.
+Four layers, each importing only those before it (docs/design.md, "Layout"):
+``swemu.protocol`` (the codec, the gRPC stubs, compiled UDP I/O: shared with the
+host library), ``swemu.core`` (the switch, sans-IO), ``swemu.observe`` (stats,
+metrics, TUI, captures) and ``swemu.serving`` (the switch on sockets and gRPC).
+This package is a facade: ``swemu.serve``, ``swemu.Emulator``,
+``swemu.SwitchEngine`` and the rest load their modules lazily, so that
+importing the codec stays cheap. ``swemu.launch`` is the launcher's old address.
+
+May import: its subpackages (lazily, by attribute).
 """
 
 from __future__ import annotations
