@@ -2,4 +2,7 @@
 
 Benchmarks never run as timed asserts in tests; results are ratios measured side
 by side in one invocation.
+
+May import: everything. Nothing imports bench but ``switchml simulate`` and
+``switchml cluster``.
 """

@@ -405,7 +405,7 @@ def run(
     processes; return the results as plain data. ``neighbour``: ``off``,
     ``on`` (a CPU-bound process runs throughout) or ``both`` (every
     repetition quiet and loaded)."""
-    from swemu.launch import EmulatorProcess
+    from swemu.serving.launch import EmulatorProcess
 
     if dtype not in ("float32", "int32"):
         raise ValueError(f"dtype must be float32 or int32, not {dtype!r}")

@@ -4,7 +4,7 @@ The simulator (:mod:`bench.simulate`) predicts the emulator's own loopback
 setup and says how many emulator shards a real link would need from these
 numbers (seconds):
 
-* ``switch_kernel`` / ``switch_call``: :meth:`swemu.engine.SwitchEngine.process`
+* ``switch_kernel`` / ``switch_call``: :meth:`swemu.core.engine.SwitchEngine.process`
   per received packet and per call (the Numba batch kernel: lookup,
   bitmap/count, aggregation, result building; the per-call part is mostly the
   dispatch of a kernel with ~30 array arguments);
@@ -197,8 +197,8 @@ def _lockstep(
     packets sent by the workers, packets the switch took in)``."""
     from hostlib.protocol import Timing, WorkerProtocol
     from hostlib.testdata import worker_input
-    from swemu import wire
-    from swemu.engine import Batch, EngineConfig, SwitchEngine, warmup
+    from swemu.core.engine import Batch, EngineConfig, SwitchEngine, warmup
+    from swemu.protocol import wire
 
     warmup()
     eng = SwitchEngine(EngineConfig(pool_size=window, max_jobs=1))
@@ -329,7 +329,7 @@ def measure_socket(size_code: int = 6, bursts: int = 300, repeats: int = 3) -> t
     """Seconds per datagram of a Python ``sendto`` and of a ``recvfrom_into`` (with
     the bookkeeping the data planes do per datagram) over loopback UDP, in bursts
     of 64; one process, so no scheduler wait is included. Best of ``repeats``."""
-    from swemu import wire
+    from swemu.protocol import wire
 
     plen = wire.packet_len(size_code)
     a = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -418,7 +418,7 @@ def measure_wakeup(
     trip is ``2 · (wakeup + recv + send)``."""
     import selectors
 
-    from swemu import wire
+    from swemu.protocol import wire
 
     child = subprocess.Popen(
         [sys.executable, "-c", _ECHO, str(rounds + 200)],
@@ -507,7 +507,7 @@ def measure_in_situ(
     import random
     import statistics
 
-    from swemu.launch import EmulatorProcess, child_env
+    from swemu.serving.launch import EmulatorProcess, child_env
 
     from .simulate import simulate_loopback
 
@@ -652,7 +652,7 @@ def run_switchml(
     emulator, its default size code 6 and window 128) and return its JSON report."""
     import tempfile
 
-    from swemu.launch import child_env
+    from swemu.serving.launch import child_env
 
     with tempfile.TemporaryDirectory(prefix="switchml-check-") as tmp:
         out = Path(tmp) / "run.json"

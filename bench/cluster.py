@@ -350,7 +350,7 @@ class Rack:
         """Start a process in ``ns``; it is stopped when the rack is removed, and
         dies with this process. It gets its own session, so a Ctrl-C reaches only
         the launcher, which then tears down in order."""
-        from swemu.launch import spawn  # SIGTERM when this process dies, SIGKILL included
+        from swemu.serving.launch import spawn  # SIGTERM when this process dies, SIGKILL included
 
         proc = spawn(self.exec_argv(ns, argv), start_new_session=True, **kwargs)
         self._procs.append(proc)
@@ -471,7 +471,7 @@ class BenchConfig:
     step_timeout: float = 120.0  # plus 20× the ideal time of the step
 
     def validate(self) -> None:
-        from swemu import wire
+        from swemu.protocol import wire
 
         bad = [m for m in self.methods if m not in METHODS]
         if bad:
@@ -597,7 +597,7 @@ class Record:
 
 
 def _start_emulator(rack: Rack, tmp: Path, nice: int = 0) -> tuple[subprocess.Popen, Path]:
-    from swemu.launch import child_env
+    from swemu.serving.launch import child_env
 
     ready = tmp / "emulator.json"
     log = tmp / "emulator.log"
@@ -623,7 +623,7 @@ def _start_emulator(rack: Rack, tmp: Path, nice: int = 0) -> tuple[subprocess.Po
 def _start_workers(rack: Rack, config: BenchConfig, tmp: Path) -> list[_Worker]:
     import random
 
-    from swemu.launch import child_env
+    from swemu.serving.launch import child_env
 
     n = max(config.workers)
     session = random.getrandbits(48) << 8

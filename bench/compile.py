@@ -2,7 +2,7 @@
 
 A first ``switchml run`` compiles in two processes side by side (see
 docs/running.md): the local emulator (the data plane's kernels, then the
-engine's) and one warm-up process (``python -m cli._worker --warm-up``, the
+engine's) and one warm-up process (``python -m cli.worker --warm-up``, the
 workers' kernels). This benchmark does the same two compile steps, each in a
 fresh process with an empty ``NUMBA_CACHE_DIR``, and records every Numba
 compilation (its ``numba:compile`` events) with the CPU time it took, inclusive
@@ -16,6 +16,7 @@ interleaved with this one, each part in its own process.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -64,18 +65,24 @@ def _child(part: str, dtype: str) -> dict[str, Any]:
     if part == "emulator":  # what EmulatorServer.start does before it binds a port
         import asyncio
 
-        from swemu.dataplane import warmup as dataplane_warmup
-        from swemu.engine import warmup
+        try:
+            from swemu.core.engine import warmup
+            from swemu.serving.dataplane import warmup as dataplane_warmup
+        except ImportError:  # a --tree from before issue 23's layout move
+            warmup = importlib.import_module("swemu.engine").warmup
+            dataplane_warmup = importlib.import_module("swemu.dataplane").warmup
 
         dataplane_warmup(asyncio.new_event_loop())
         warmup()
     else:
-        from cli import _worker
-
         try:
-            _worker.warm_up((dtype,))
+            from cli import worker
+        except ImportError:  # a --tree from before issue 23's layout move
+            worker = importlib.import_module("cli._worker")
+        try:
+            worker.warm_up((dtype,))
         except TypeError:  # a tree whose warm-up takes no dtype (both)
-            _worker.warm_up()
+            worker.warm_up()
     return {
         "part": part,
         "cpu_s": time.process_time() - t0,

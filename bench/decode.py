@@ -1,15 +1,15 @@
 """``python -m bench decode``: how fast ``switchml-emu decode`` reads a big capture.
 
 A synthetic capture of ``--size`` bytes (default 1 GiB) is written with
-:class:`swemu.pcap.PcapWriter` as the emulator records a job: per round of a
+:class:`swemu.observe.pcap.PcapWriter` as the emulator records a job: per round of a
 slot, W contributions, then the multicast's W copies; every ``--loss-every``-th
 round one worker retransmits and gets a unicast. Then, side by side on that one
 file (in the page cache after the first pass):
 
-* ``parse (packets)``: :func:`swemu.pcap.read_pcap`, one ``CapturedPacket`` per
+* ``parse (packets)``: :func:`swemu.observe.pcap.read_pcap`, one ``CapturedPacket`` per
   datagram (the record-by-record interface);
-* ``parse (batches)``: :func:`swemu.pcap.read_pcap_batches`, numpy columns;
-* ``decode``: :class:`swemu.decode.Decoder` over the batches, every event
+* ``parse (batches)``: :func:`swemu.observe.pcap.read_pcap_batches`, numpy columns;
+* ``decode``: :class:`swemu.observe.decode.Decoder` over the batches, every event
   classified (no output);
 * ``switchml-emu decode > /dev/null``: the command, every row printed;
 * ``first rows``: the command until its first 10 rows arrived (``| head``).
@@ -51,8 +51,8 @@ def make_capture(
     retransmission and the unicast that answers it. Records are assembled a
     block of rounds at a time with numpy (one ``write_batch`` per block).
     """
-    from swemu import wire
-    from swemu.pcap import PcapWriter
+    from swemu.observe.pcap import PcapWriter
+    from swemu.protocol import wire
 
     plen = wire.packet_len(size_code)
     block, pool = 1024, 256
@@ -115,9 +115,9 @@ def _timed(fn) -> tuple[float, float, float, Any]:
 
 def run(size: int, size_code: int, workers: int, loss_every: int, log=print) -> dict[str, Any]:
     """Make the capture, time every way of reading it, remove it."""
-    from swemu.decode import Decoder, decode_batches
-    from swemu.launch import child_env
-    from swemu.pcap import read_pcap, read_pcap_batches
+    from swemu.observe.decode import Decoder, decode_batches
+    from swemu.observe.pcap import read_pcap, read_pcap_batches
+    from swemu.serving.launch import child_env
 
     with tempfile.TemporaryDirectory(prefix="swemu-bench-decode-") as tmp:
         path = Path(tmp) / "big.pcap"

@@ -4,9 +4,9 @@ Each round builds a batch of datagrams that mixes random bytes, truncated and
 bit-flipped valid packets, valid packets of wrong size codes or slots, and
 valid packets from registered, spoofed and unknown sources, and runs it through
 
-* :func:`swemu.wire.decode` (must return a packet or raise ``PacketError``),
+* :func:`swemu.protocol.wire.decode` (must return a packet or raise ``PacketError``),
 * the compiled engine (:meth:`SwitchEngine.process`), checked against the
-  plain-Python reference (:class:`swemu.reference.ReferenceSwitch`) action by
+  plain-Python reference (:class:`swemu.core.reference.ReferenceSwitch`) action by
   action and byte by byte, and against invariants: every packet gets exactly
   one action, pool memory never changes, results only go to registered
   workers, a job's counters only move for packets from its own workers.
@@ -22,9 +22,9 @@ import time
 
 import numpy as np
 
-from swemu import wire
-from swemu.engine import Action, Batch, EngineConfig, SwitchEngine
-from swemu.reference import ReferenceSwitch
+from swemu.core.engine import Action, Batch, EngineConfig, SwitchEngine
+from swemu.core.reference import ReferenceSwitch
+from swemu.protocol import wire
 
 JOBS = [  # session, W, size code, pool, worker addresses
     (1, 3, 1, 8, [(0x7F000001, 5001), (0x7F000001, 5002), (0x7F000002, 0)]),

@@ -30,7 +30,7 @@ spine links; with one rack it is the single switch.
 
 **SwitchML, packet-level reference** (:func:`switchml_reference`): the same
 network with every worker and every packet an event in :class:`EventLoop`,
-driving the project's own sans-IO engines (:class:`swemu.engine.SwitchEngine`
+driving the project's own sans-IO engines (:class:`swemu.core.engine.SwitchEngine`
 and :class:`hostlib.protocol.WorkerProtocol`), real loss and real timers. Slow
 (~10 µs a packet), used by the tests to check the fast model on small cases.
 
@@ -459,8 +459,8 @@ def switchml_reference(
     import random
 
     from hostlib.protocol import Timing, WorkerProtocol
-    from swemu import wire
-    from swemu.engine import EngineConfig, SwitchEngine
+    from swemu.core.engine import EngineConfig, SwitchEngine
+    from swemu.protocol import wire
 
     net = net or Network()
     cfg = cfg or SwitchMLConfig()
@@ -826,6 +826,15 @@ def lstm_lm(
 def paper_models() -> list[ModelProfile]:
     """The models of the reproduction, smallest first."""
     return [resnet50(), bert_base(), vgg19(), lstm_lm()]
+
+
+#: The models by the names ``switchml simulate --params`` accepts.
+MODELS: dict[str, Callable[[], ModelProfile]] = {
+    "resnet50": resnet50,
+    "bert": bert_base,
+    "vgg19": vgg19,
+    "lstm": lstm_lm,
+}
 
 
 def with_compute(model: ModelProfile, compute: float) -> ModelProfile:
@@ -1476,9 +1485,3 @@ def what_if(
         out["shards_kernel_only"] = math.ceil(link_pps * workers / out["shard_pps_kernel_only"])
         out["worker_cores"] = math.ceil(link_pps * out["host_packet"])
     return out
-
-
-if __name__ == "__main__":  # python -m bench.simulate [what-if|reproduce|check|...]
-    from cli.simulate import simulate
-
-    simulate()

@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
-from swemu import fastio, wire
-from swemu.netutil import set_socket_buffers
+from swemu.protocol import fastio, wire
+from swemu.protocol.netutil import set_socket_buffers
 
 
 def serve(
@@ -48,8 +48,8 @@ def serve(
     """The server process: one data plane in ``mode`` (shard ``i`` of ``S``), until SIGTERM."""
     import asyncio
 
-    from swemu.dataplane import DataPlane, bind_udp
-    from swemu.engine import EngineConfig, SwitchEngine, warmup
+    from swemu.core.engine import EngineConfig, SwitchEngine, warmup
+    from swemu.serving.dataplane import DataPlane, bind_udp
 
     async def main() -> None:
         warmup()

@@ -184,7 +184,7 @@ def _launch(
     rack: Any, w: int, env: dict[str, str], args: dict[str, Any], out: Path
 ) -> list[dict[str, Any]]:
     """Start the W ranks of one run in their namespaces and collect their JSON."""
-    from swemu.launch import child_env
+    from swemu.serving.launch import child_env
 
     out.mkdir()
     procs = []

@@ -19,7 +19,7 @@ import click
 from .terminal import CLIError, terminal
 
 if TYPE_CHECKING:
-    from swemu.decode import Event
+    from swemu.observe.decode import Event
 
 #: ANSI colours of the kinds, on a terminal only
 _ANSI = {
@@ -43,7 +43,7 @@ def _port(port: int) -> str:
 def _row_maker(color: bool) -> Callable[[Event], str]:
     """The function that turns an event into one line of the table (imports and
     lookups done once, not per row)."""
-    from swemu.decode import MALFORMED, MULTICAST, TO_SWITCH, format_addr
+    from swemu.observe.decode import MALFORMED, MULTICAST, TO_SWITCH, format_addr
 
     addr = functools.lru_cache(maxsize=4096)(format_addr)
     blank = f"{'':>3}  {'':>3}  {'':>10}  {'':>9}"
@@ -102,8 +102,8 @@ def decode(
     retransmission, result (multicast) or result (unicast), malformed — and
     printed in capture order as it is decoded; `--slot N` follows one slot.
     """
-    from swemu.decode import Decoder, Summary, decode_batches
-    from swemu.pcap import PcapError, read_pcap_batches
+    from swemu.observe.decode import Decoder, Summary, decode_batches
+    from swemu.observe.pcap import PcapError, read_pcap_batches
 
     decoder = Decoder(ports=ports or None)
     counts = Summary()
@@ -187,7 +187,7 @@ def _print_whole(table) -> None:
 
 
 def _summary_table(s: dict):
-    """The per-worker counts of :func:`swemu.decode.summary` as a table."""
+    """The per-worker counts of :func:`swemu.observe.decode.summary` as a table."""
     from rich.table import Table
 
     table = Table()

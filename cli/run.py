@@ -9,14 +9,14 @@ GROUP_RANK, ROLE_RANK, MASTER_ADDR and a free MASTER_PORT, OMP_NUM_THREADS=1
 unless set) and SWITCHML_* naming the switch, so the program can call
 ``hostlib.from_env()`` or ``dist.init_process_group("switchml")``.
 
-Start-up: the local emulator and one warm-up process (``cli._worker
+Start-up: the local emulator and one warm-up process (``cli.worker
 --warm-up``) start side by side; each compiles its kernels, or loads them from
 Numba's cache, once. The workers start after both, so they load the kernels
 rather than compile them N times at once (a first run printed "compiling
 kernels (first run only)").
 
 Lifetime: every child (emulator, warm-up, workers, user commands) is started
-by :func:`swemu.launch.spawn` and so is sent SIGTERM by the kernel if this
+by :func:`swemu.serving.launch.spawn` and so is sent SIGTERM by the kernel if this
 process dies, even by SIGKILL. SIGHUP (the terminal closed) unwinds like
 SIGTERM and Ctrl-C: the workers are killed, the emulator stopped in order.
 """
@@ -114,8 +114,8 @@ def run(
     """Launch WORKERS workers; with -- COMMAND, run COMMAND as each worker."""
     import contextlib
 
-    from swemu.launch import EmulatorProcess
-    from swemu.netutil import parse_address
+    from swemu.protocol.netutil import parse_address
+    from swemu.serving.launch import EmulatorProcess
 
     if control and not switch:
         raise CLIError("--control needs --switch (the data plane of the same switch)")
@@ -130,7 +130,7 @@ def run(
             raise CLIError(str(exc)) from None
         control = control or f"{host}:50099"
     if packet_size is None:
-        from swemu.wire import EMULATOR_SIZE_CODE
+        from swemu.protocol.wire import EMULATOR_SIZE_CODE
 
         packet_size = _switch_packet_size(control) if switch else int(EMULATOR_SIZE_CODE)
     if window is None:
@@ -231,13 +231,13 @@ def _start_up(emu, dtype: str | None = None) -> None:
     import sys
     import time
 
-    from swemu.launch import CHILD_CWD, child_env, spawn
+    from swemu.serving.launch import CHILD_CWD, child_env, spawn
 
-    from ._worker import COMPILING, WARM_PREFIX
+    from .worker import COMPILING, WARM_PREFIX
 
     t0 = time.monotonic()
     warm = spawn(
-        [sys.executable, "-m", "cli._worker", "--warm-up", *([dtype] if dtype else [])],
+        [sys.executable, "-m", "cli.worker", "--warm-up", *([dtype] if dtype else [])],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -395,9 +395,9 @@ def _launch(
     import sys
     import time
 
-    from swemu.launch import CHILD_CWD, child_env, spawn
+    from swemu.serving.launch import CHILD_CWD, child_env, spawn, torchrun_envs
 
-    from ._worker import ITER_PREFIX, RESULT_PREFIX
+    from .worker import ITER_PREFIX, RESULT_PREFIX
 
     session = random.getrandbits(62) | 1
     launcher = torchrun_envs(workers)
@@ -416,7 +416,7 @@ def _launch(
             SWITCHML_RUN_DTYPE=dtype,
             SWITCHML_RUN_ITERS=str(iters),
         )
-        cmd = list(command) if command else [sys.executable, "-m", "cli._worker"]
+        cmd = list(command) if command else [sys.executable, "-m", "cli.worker"]
         try:
             procs.append(
                 spawn(
@@ -472,36 +472,6 @@ def _launch(
             why = reports.get(rank, {}).get("error")
             failed.append(f"rank {rank} (exit {p.returncode}{': ' + why if why else ''})")
     return failed
-
-
-def torchrun_envs(workers: int) -> list[dict[str, str]]:
-    """What torchrun sets for each rank of a one-machine job, one dict per
-    rank: the world, the rank, a rendezvous on a free loopback port (rank 0's
-    ``init_process_group`` serves the store there) and one OpenMP thread per
-    process unless the user chose otherwise."""
-    import os
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {
-        "WORLD_SIZE": str(workers),
-        "LOCAL_WORLD_SIZE": str(workers),
-        "ROLE_WORLD_SIZE": str(workers),
-        "GROUP_RANK": "0",
-        "GROUP_WORLD_SIZE": "1",
-        "ROLE_NAME": "default",
-        "TORCHELASTIC_RESTART_COUNT": "0",
-        "TORCHELASTIC_MAX_RESTARTS": "0",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-    }
-    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
-        env["OMP_NUM_THREADS"] = "1"
-    return [
-        {**env, "RANK": str(r), "LOCAL_RANK": str(r), "ROLE_RANK": str(r)} for r in range(workers)
-    ]
 
 
 def _row(it: int, per: list[dict], size: int, workers: int) -> dict:

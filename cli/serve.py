@@ -2,7 +2,7 @@
 
 With ``--shards S`` (S > 1) the data plane runs in S processes on ports
 ``--port`` .. ``--port + S - 1`` behind this process's control plane
-(:mod:`swemu.shards`); with the default 1 everything runs in this process.
+(:mod:`swemu.serving.shards`); with the default 1 everything runs in this process.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class Seconds(click.ParamType):
 def _mac(ctx, param, value):
     if value is None:
         return None
-    from swemu.netutil import parse_mac
+    from swemu.protocol.netutil import parse_mac
 
     try:
         return parse_mac(value)
@@ -292,7 +292,7 @@ def serve(
     import signal
 
     if shards > 1:  # checked before the heavy imports: a bad option costs nothing
-        from swemu.shards import check_shards
+        from swemu.serving.shard_process import check_shards
 
         try:
             check_shards(port, shards)
@@ -301,10 +301,11 @@ def serve(
         if pcap is not None:
             raise click.BadParameter("needs --shards 1 (one data plane)", param_hint="'--pcap'")
 
-    from swemu.engine import EngineConfig
-    from swemu.faults import FaultConfig, configure
-    from swemu.netutil import format_mac
-    from swemu.server import Emulator
+    from swemu.core.engine import EngineConfig
+    from swemu.core.faults import FaultConfig
+    from swemu.protocol.netutil import format_mac
+    from swemu.serving.fault_control import configure
+    from swemu.serving.server import Emulator
 
     if tui:
         # log lines go through the live view's console, above the view, not across it
@@ -352,7 +353,7 @@ def serve(
             "metrics_host": metrics_host,
         }
         if shards > 1:
-            from swemu.shards import ShardedEmulator
+            from swemu.serving.shards import ShardedEmulator
 
             if not gso:  # read by each shard's data plane (spawned with this environment)
                 os.environ["SWEMU_GSO"] = "0"
@@ -447,8 +448,8 @@ async def _live_view(emu) -> None:
 
     from rich.live import Live
 
-    from swemu.stats import take_snapshot
-    from swemu.tui import History, render
+    from swemu.observe.stats import take_snapshot
+    from swemu.observe.tui import History, render
 
     history = History()
     snap = await take_snapshot(emu.snapshot)  # a sharded emulator asks its shards

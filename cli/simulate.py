@@ -21,19 +21,15 @@ if TYPE_CHECKING:  # heavy modules load inside the commands, so --help stays ins
     from bench.calibrate import Calibration
     from bench.simulate import ModelProfile
 
-#: ``--params`` accepts these names for the reproduction's models.
+#: ``--params`` accepts these names for the reproduction's models: the keys of
+#: :data:`bench.simulate.MODELS` (named here too, so that ``--help`` loads no model)
 MODEL_NAMES = ("resnet50", "bert", "vgg19", "lstm")
 
 
 def _model(name: str) -> ModelProfile:
     from bench import simulate as sim
 
-    return {
-        "resnet50": sim.resnet50,
-        "bert": sim.bert_base,
-        "vgg19": sim.vgg19,
-        "lstm": sim.lstm_lm,
-    }[name]()
+    return sim.MODELS[name]()
 
 
 def parse_params(text: str) -> int:

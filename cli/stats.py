@@ -11,7 +11,7 @@ DEFAULT_CONTROL = "127.0.0.1:50099"
 
 def _control_address(ctx: click.Context, param: click.Parameter, value: str) -> str:
     """``HOST[:PORT]`` (port 50099 by default) as the ``HOST:PORT`` gRPC wants."""
-    from swemu.netutil import parse_address
+    from swemu.protocol.netutil import parse_address
 
     try:
         host, port = parse_address(value, 50099)
@@ -44,7 +44,7 @@ def stats(control: str, as_json: bool, timeout: float) -> None:
     """Print every counter of a running emulator: switch-wide, per job, per worker."""
     import json
 
-    from swemu.stats import fetch_stats
+    from swemu.observe.stats import fetch_stats
 
     try:
         snap = fetch_stats(control, timeout)
@@ -53,6 +53,6 @@ def stats(control: str, as_json: bool, timeout: float) -> None:
     if as_json:
         click.echo(json.dumps(snap, indent=2, sort_keys=True))
         return
-    from swemu.tui import render_stats
+    from swemu.observe.tui import render_stats
 
     terminal.out.print(render_stats(snap))

@@ -38,8 +38,8 @@ def top(control: str, interval: float, max_jobs: int, count: int | None, timeout
 
     from rich.live import Live
 
-    from swemu.stats import StatsClient
-    from swemu.tui import History, render
+    from swemu.observe.stats import StatsClient
+    from swemu.observe.tui import History, render
 
     history = History()
     with StatsClient(control, timeout) as client:

@@ -14,6 +14,9 @@ control plane. ::
         y = await actx.allreduce(x)
 
     ctx = hostlib.from_env()          # inside `switchml run --workers N -- CMD`
+
+May import: swemu.protocol only (the pytest plugin, loaded by pytest, launches
+an emulator: swemu.serving.launch).
 """
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from swemu import fastio, wire
-from swemu.netutil import (
+from swemu.protocol import fastio, wire
+from swemu.protocol.netutil import (
     buffer_advice,
     mac_of_ipv4,
     parse_address,
@@ -33,7 +33,7 @@ from swemu.netutil import (
     resolve_ipv4,
     set_socket_buffers,
 )
-from swemu.proto import switchml_pb2 as pb
+from swemu.protocol.proto import switchml_pb2 as pb
 
 from . import fastpath
 from . import kernels as K

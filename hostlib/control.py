@@ -32,9 +32,9 @@ from typing import Any
 
 import grpc
 
-from swemu import wire
-from swemu.proto import switchml_pb2 as pb
-from swemu.proto import switchml_pb2_grpc as pb_grpc
+from swemu.protocol import wire
+from swemu.protocol.proto import switchml_pb2 as pb
+from swemu.protocol.proto import switchml_pb2_grpc as pb_grpc
 
 from .errors import ControlPlaneError
 

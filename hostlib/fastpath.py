@@ -21,8 +21,8 @@ import socket
 import numpy as np
 from numba import njit
 
-from swemu import fastio
-from swemu.rawmem import unowned
+from swemu.protocol import fastio
+from swemu.protocol.rawmem import unowned
 
 from . import kernels as K
 
@@ -339,7 +339,7 @@ def wait_and_pump(
     (``fd``, and ``bfd``, the loopback-broadcast socket, or -1),
     ``ts`` a ``struct timespec`` as int64[2].
 
-    The arrays go on as owner-less views (:func:`swemu.rawmem.unowned`): a
+    The arrays go on as owner-less views (:func:`swemu.protocol.rawmem.unowned`): a
     compiled callee takes each array argument as a new reference, two atomic
     count updates per array per call, and :func:`pump` passes some fifty arrays
     on per received batch (~6 % of a worker's CPU at 16 KiB packets). The

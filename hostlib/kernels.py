@@ -25,8 +25,7 @@ import math
 import numpy as np
 from numba import njit
 
-from swemu.kernels import _bswap32
-from swemu.rawmem import bytes_at, words_at
+from swemu.protocol.rawmem import bswap32, bytes_at, words_at
 
 from . import stream
 
@@ -126,7 +125,7 @@ def _write_header(row, code, job_number, tsi, set_, slot, e0):
 def _payload(row, nvals):
     """The payload of a packet row as ``nvals`` big-endian words (a uint32 view;
     unaligned, which x86 and arm64 load and store at full speed; made by
-    :func:`swemu.rawmem.words_at`, without reference counting)."""
+    :func:`swemu.protocol.rawmem.words_at`, without reference counting)."""
     return words_at(row.ctypes.data + HEADER_LEN, nvals)
 
 
@@ -150,11 +149,11 @@ def _fill_data(row, xi, xf, is_float, chunk, nvals, shared_exp, num_workers, lim
             q = min(max(q, -limit), limit)
             # float64 -> int32 (q is in range): AVX2 converts four at a time, it
             # has no packed float64 -> int64 conversion (that loop ran scalar)
-            p[i] = _bswap32(np.uint32(np.int32(q)))
+            p[i] = bswap32(np.uint32(np.int32(q)))
     else:
         xs = xi[lo:hi]
         for i in range(m):
-            p[i] = _bswap32(np.uint32(np.int64(xs[i]) & 0xFFFFFFFF))
+            p[i] = bswap32(np.uint32(np.int64(xs[i]) & 0xFFFFFFFF))
     for i in range(m, nvals):
         p[i] = 0
 
@@ -481,16 +480,16 @@ def _on_results(
                 o = of[lo:hi]
                 a, b = _streamed_part(o, src, inv, True, streaming)
                 for i in range(a):
-                    o[i] = np.float32(np.float64(np.int32(_bswap32(p[i]))) * inv)
+                    o[i] = np.float32(np.float64(np.int32(bswap32(p[i]))) * inv)
                 for i in range(b, hi - lo):
-                    o[i] = np.float32(np.float64(np.int32(_bswap32(p[i]))) * inv)
+                    o[i] = np.float32(np.float64(np.int32(bswap32(p[i]))) * inv)
             else:
                 o = oi[lo:hi]
                 a, b = _streamed_part(o, src, 1.0, False, streaming)
                 for i in range(a):
-                    o[i] = np.int32(_bswap32(p[i]))
+                    o[i] = np.int32(bswap32(p[i]))
                 for i in range(b, hi - lo):
-                    o[i] = np.int32(_bswap32(p[i]))
+                    o[i] = np.int32(bswap32(p[i]))
             streamed = streamed or streaming
             if is_float and c + nslots < nchunks:
                 shared_exp[c + nslots] = e0

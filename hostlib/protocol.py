@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from swemu import wire
+from swemu.protocol import wire
 
 from . import kernels as K
 from .errors import NoProgressError

@@ -50,7 +50,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from swemu import wire
+from swemu.protocol import wire
 
 from . import torch_backend
 

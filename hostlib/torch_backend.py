@@ -59,7 +59,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from swemu import wire
+from swemu.protocol import wire
 
 from . import Context, Options, _options, switch_env_options
 from .errors import SwitchMLError

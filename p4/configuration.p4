@@ -2,7 +2,7 @@
  * configuration.p4 -- sizes and protocol constants of the SwitchML program.
  *
  * Every constant says why it has its value. Those that mirror the Python side
- * (swemu/wire.py) are checked against it by tests/test_p4_headers.py, so the
+ * (swemu/protocol/wire.py) are checked against it by tests/test_p4_headers.py, so the
  * emulator and this program cannot drift apart silently.
  *
  * Widths that appear inside a type (bit<...>) are preprocessor macros: P4_16
@@ -13,7 +13,7 @@
 #define _CONFIGURATION_P4_
 
 /* ---------------------------------------------------------------------------
- * Protocol (docs/protocol.md section 1) -- mirrored in swemu/wire.py
+ * Protocol (docs/protocol.md section 1) -- mirrored in swemu/protocol/wire.py
  * ------------------------------------------------------------------------- */
 
 // msg_type of every packet a worker sends and the switch sends (wire.MSG_TYPE).
@@ -142,7 +142,7 @@ const bit<2> VALUE_OP_READ = 3;    // a retransmission: nothing changes
 
 /* ---------------------------------------------------------------------------
  * What the switch did with a packet (the per-job counter's second index).
- * Same numbering as swemu.engine.Action / swemu.kernels.A_*.
+ * Same numbering as swemu.core.engine.Action / swemu.core.kernels.A_*.
  * ------------------------------------------------------------------------- */
 const bit<3> ACTION_DROP_UNKNOWN_SOURCE = 0;
 const bit<3> ACTION_DROP_MALFORMED = 1;

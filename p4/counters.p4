@@ -3,7 +3,7 @@
  * section 2: "Counters are kept per job and per reason").
  *
  * One packet-and-byte counter per (job, action code), with the action codes
- * of swemu.engine.Action: the three drop reasons after the lookup, and
+ * of swemu.core.engine.Action: the three drop reasons after the lookup, and
  * AGGREGATED / MULTICAST / RETRANSMIT_PENDING / UNICAST. Unknown sources have
  * no job and are counted under job 0.
  */

@@ -2,7 +2,7 @@
  * next_step.p4 -- docs/protocol.md section 2, step 5: what to send.
  *
  * The next_step table below IS the decision table of section 2 (and of the
- * theory-of-operation comment in swemu/engine.py):
+ * theory-of-operation comment in swemu/core/engine.py):
  *
  *   retransmission  last  count==0 | next step          Action
  *   --------------  ----  -------- | -----------------  ------------------

@@ -117,7 +117,7 @@ header udp_h {
     bit<16>    checksum;
 }
 
-// docs/protocol.md section 1, bit for bit (checked against swemu.wire by
+// docs/protocol.md section 1, bit for bit (checked against swemu.protocol.wire by
 // tests/test_p4_headers.py). Byte 0 is msg_type | unused | size; bytes 6-7
 // are the pool_index: set (bit 15) | 0 (bit 14) | slot (bits 13..0).
 header switchml_h {

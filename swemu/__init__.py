@@ -1,32 +1,37 @@
 """switchml-emu: a software SwitchML switch.
 
-``swemu.wire`` (the packet codec) and ``swemu.proto`` (the gRPC stubs) are the
-protocol, shared with the host library; everything else here is the emulator.
-Heavy modules (Numba kernels, the server) load lazily, so that importing the
-codec stays cheap.
+Four layers, each importing only those before it (docs/design.md, "Layout"):
+``swemu.protocol`` (the codec, the gRPC stubs, compiled UDP I/O: shared with the
+host library), ``swemu.core`` (the switch, sans-IO), ``swemu.observe`` (stats,
+metrics, TUI, captures) and ``swemu.serving`` (the switch on sockets and gRPC).
+This package is a facade: ``swemu.serve``, ``swemu.Emulator``,
+``swemu.SwitchEngine`` and the rest load their modules lazily, so that
+importing the codec stays cheap. ``swemu.launch`` is the launcher's old address.
+
+May import: its subpackages (lazily, by attribute).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from swemu.protocol.version import __version__
 
 _LAZY = {
-    "serve": "swemu.server",
-    "Emulator": "swemu.server",
-    "ShardedEmulator": "swemu.shards",
-    "SwitchEngine": "swemu.engine",
-    "EngineConfig": "swemu.engine",
-    "Batch": "swemu.engine",
-    "Action": "swemu.engine",
-    "RegistrationError": "swemu.engine",
+    "serve": "swemu.serving.server",
+    "Emulator": "swemu.serving.server",
+    "ShardedEmulator": "swemu.serving.shards",
+    "SwitchEngine": "swemu.core.engine",
+    "EngineConfig": "swemu.core.engine",
+    "Batch": "swemu.core.engine",
+    "Action": "swemu.core.engine",
+    "RegistrationError": "swemu.core.engine",
 }
 
 if TYPE_CHECKING:
-    from .engine import Action, Batch, EngineConfig, RegistrationError, SwitchEngine
-    from .server import Emulator, serve
-    from .shards import ShardedEmulator
+    from swemu.core.engine import Action, Batch, EngineConfig, RegistrationError, SwitchEngine
+    from swemu.serving.server import Emulator, serve
+    from swemu.serving.shards import ShardedEmulator
 
 __all__ = [
     "Action",

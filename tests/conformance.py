@@ -2,9 +2,9 @@
 
 Each ``tests/vectors/*.json`` file is one scenario (format in
 ``tests/vectors/README.md``). This module loads them, turns their packet
-descriptions into datagrams and runs them against :class:`swemu.engine.SwitchEngine`
+descriptions into datagrams and runs them against :class:`swemu.core.engine.SwitchEngine`
 in memory. The packet builder is written from §1 directly, without
-:mod:`swemu.wire`, so that the vectors check the codec too; and the functions
+:mod:`swemu.protocol.wire`, so that the vectors check the codec too; and the functions
 are public so that other runners (real UDP sockets, the P4 program under PTF)
 replay the very same vectors.
 """
@@ -247,8 +247,8 @@ def check_step(vector: dict[str, Any], index: int, got: StepResult) -> None:
 
 # ----------------------------------------------------------------------------- engine
 def make_engine(vector: dict[str, Any]) -> Any:
-    """A fresh :class:`swemu.engine.SwitchEngine` with the vector's jobs registered."""
-    from swemu.engine import EngineConfig, SwitchEngine
+    """A fresh :class:`swemu.core.engine.SwitchEngine` with the vector's jobs registered."""
+    from swemu.core.engine import EngineConfig, SwitchEngine
 
     engine = SwitchEngine(EngineConfig(pool_size=vector["switch"]["pool_size"]))
     for reg in initial_registrations(vector):

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from hostlib.protocol import Timing, WorkerProtocol
-from swemu import wire
-from swemu.engine import EngineConfig, SwitchEngine
+from swemu.core.engine import EngineConfig, SwitchEngine
+from swemu.protocol import wire
 
 SWITCH = (0x0A000064, wire.DEFAULT_UDP_PORT)
 

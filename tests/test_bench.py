@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from swemu import fastio
+from swemu.protocol import fastio
 
 
 @pytest.mark.skipif(not fastio.AVAILABLE, reason="needs recvmmsg/sendmmsg (64-bit Linux)")
@@ -138,8 +138,8 @@ def test_cpu_accounting_reads_proc():
 def test_decode_benchmark_smoke(tmp_path):
     """`python -m bench decode` on a small capture: every stage saw every packet."""
     from bench.decode import make_capture, markdown, run
-    from swemu.decode import MULTICAST, RETRANSMISSION, UNICAST, timeline
-    from swemu.pcap import read_pcap
+    from swemu.observe.decode import MULTICAST, RETRANSMISSION, UNICAST, timeline
+    from swemu.observe.pcap import read_pcap
 
     path = tmp_path / "c.pcap"
     n = make_capture(path, 1 << 20, size_code=0, workers=3, loss_every=10)

@@ -19,9 +19,9 @@ import pytest
 from workers import rank_input
 
 import hostlib
-from swemu.engine import EngineConfig, SwitchEngine
-from swemu.netutil import hold_broadcast_port
-from swemu.tui import fmt_count
+from swemu.core.engine import EngineConfig, SwitchEngine
+from swemu.observe.tui import fmt_count
+from swemu.protocol.netutil import hold_broadcast_port
 
 
 def _jobs(emu) -> dict[int, dict]:
@@ -69,7 +69,7 @@ def _run_job(emu, session_id: int, inputs: list[np.ndarray], out: dict) -> None:
 
 @pytest.fixture(scope="module")
 def emulator():
-    from swemu.launch import EmulatorProcess
+    from swemu.serving.launch import EmulatorProcess
 
     with EmulatorProcess() as emu:
         yield emu
@@ -153,7 +153,7 @@ def test_one_datagram_per_result_unless_egress_faults_are_set():
     # gets (loss, duplication, delay, link rate are per copy)
     from conftest import packet
 
-    from swemu import kernels as K
+    from swemu.core import kernels as K
 
     eng = SwitchEngine(EngineConfig(pool_size=8, max_jobs=2))
     eng.broadcast_ports = hold_broadcast_port

@@ -3,7 +3,7 @@
 An in-process emulator on a SwitchML port (0xBEE0-0xBEEF, so that the decoder
 and the scapy layer recognise the traffic) records to a pcap file while
 hostlib workers allreduce int32 inputs chosen here. The file is read back with
-scapy (``swemu.contrib.scapy_switchml``) and every header and value is checked
+scapy (``swemu.observe.scapy_switchml``) and every header and value is checked
 against what the workers sent and what the switch had to answer; the counts
 are checked against the engine's counters; ``switchml-emu decode`` shows the
 slots. Runs on both the compiled (recvmmsg) and the portable data-plane paths,
@@ -25,15 +25,15 @@ from click.testing import CliRunner
 import hostlib
 import swemu
 from cli.main import emu as emu_cli
-from swemu import wire
-from swemu.engine import EngineConfig
-from swemu.pcap import read_pcap
+from swemu.core.engine import EngineConfig
+from swemu.observe.pcap import read_pcap
+from swemu.protocol import wire
 
 pytest.importorskip("scapy")
 from scapy.layers.inet import IP, UDP
 from scapy.utils import rdpcap
 
-from swemu.contrib.scapy_switchml import SwitchML
+from swemu.observe.scapy_switchml import SwitchML
 
 W = 3  # workers
 CODE = 0  # size code: 32 values per packet

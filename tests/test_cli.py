@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from cli.main import emu, switchml
 from cli.terminal import parse_size
-from swemu.launch import child_env
+from swemu.serving.launch import child_env
 
 EMU = [sys.executable, "-c", "from cli.main import emu_main; emu_main()"]
 SWITCHML = [sys.executable, "-c", "from cli.main import switchml_main; switchml_main()"]
@@ -330,7 +330,7 @@ def test_run_unreachable_switch_says_no_result_ever_arrived(tmp_path):
     """Workers whose packets go nowhere (a data port nobody serves) say that not
     one result arrived from that address, not "N/M slots finished", and name
     the phase of the run, not the context's allreduce count."""
-    from swemu.launch import EmulatorProcess
+    from swemu.serving.launch import EmulatorProcess
 
     with EmulatorProcess() as emu:
         p = run(
@@ -358,7 +358,7 @@ def test_run_unreachable_switch_says_no_result_ever_arrived(tmp_path):
 
 
 def test_worker_errors_use_the_tables_iteration_numbers():
-    from cli._worker import _in_table_terms
+    from cli.worker import _in_table_terms
 
     msg = "allreduce #47 (job_number 3): no result for chunk 2 on slot 1"
     assert _in_table_terms(msg, "iteration 23") == (
@@ -398,12 +398,12 @@ def test_run_rows_appear_as_every_rank_finishes_an_iteration():
 
 @pytest.mark.slow
 def test_warm_up_says_it_compiles_only_on_a_first_run(tmp_path):
-    """``cli._worker --warm-up`` in an empty Numba cache announces the compile;
+    """``cli.worker --warm-up`` in an empty Numba cache announces the compile;
     the next one loads every kernel and says nothing of the kind."""
-    from cli._worker import COMPILING, WARM_PREFIX
+    from cli.worker import COMPILING, WARM_PREFIX
 
     env = child_env(NUMBA_CACHE_DIR=str(tmp_path / "numba"))
-    argv = [sys.executable, "-m", "cli._worker", "--warm-up"]
+    argv = [sys.executable, "-m", "cli.worker", "--warm-up"]
     first = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600, check=True)
     again = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600, check=True)
     assert first.stdout.splitlines()[0] == COMPILING

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from bench import cluster as bc
 from cli.main import switchml
 from cli.terminal import CLIError
-from swemu.launch import child_env
+from swemu.serving.launch import child_env
 
 SWITCHML = [sys.executable, "-c", "from cli.main import switchml_main; switchml_main()"]
 

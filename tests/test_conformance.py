@@ -3,7 +3,7 @@
 The vectors are docs/protocol.md §1-§2 written down as data, with hand-computed
 expectations; the same files are replayed against the P4 program
 (p4/ptf/test_switchml_vectors.py). Here each one runs in memory on a fresh
-:class:`swemu.engine.SwitchEngine` and every step's action, output bytes and
+:class:`swemu.core.engine.SwitchEngine` and every step's action, output bytes and
 destinations must match exactly.
 """
 
@@ -28,8 +28,8 @@ from conformance import (
 from hypothesis import given
 from hypothesis import strategies as st
 
-from swemu import wire
-from swemu.engine import EMULATOR_ONLY_ACTIONS, Action
+from swemu.core.engine import EMULATOR_ONLY_ACTIONS, Action
+from swemu.protocol import wire
 
 VECTORS = load_vectors()
 
@@ -87,7 +87,7 @@ def test_vector_names_match_files() -> None:
 
 
 def test_vector_actions_are_the_engines() -> None:
-    """The action names of the vector format are exactly swemu.engine.Action's
+    """The action names of the vector format are exactly swemu.core.engine.Action's
     (but for the emulator-only ones: fault injection, wrong data-plane shard)."""
     assert set(ACTIONS) == {a.name for a in Action} - {a.name for a in EMULATOR_ONLY_ACTIONS}
 
@@ -157,7 +157,7 @@ def test_build_packet_equals_wire_encode(
     e1: int,
     seed: int,
 ) -> None:
-    """The vectors' independent builder and swemu.wire agree byte for byte."""
+    """The vectors' independent builder and swemu.protocol.wire agree byte for byte."""
     n = wire.values_per_packet(size_code)
     values = np.random.default_rng(seed).integers(-(2**31), 2**31, n, dtype=np.int64)
     desc = {

@@ -39,10 +39,10 @@ from conformance import (
 )
 
 import swemu
-from swemu import kernels as K
-from swemu.engine import Action, Batch, EngineConfig
-from swemu.proto import switchml_pb2 as pb
-from swemu.proto import switchml_pb2_grpc as pb_grpc
+from swemu.core import kernels as K
+from swemu.core.engine import Action, Batch, EngineConfig
+from swemu.protocol.proto import switchml_pb2 as pb
+from swemu.protocol.proto import switchml_pb2_grpc as pb_grpc
 
 VECTORS = load_vectors()
 LOOPBACK_BASE = 0x7F4D0000  # 127.77.0.0/16

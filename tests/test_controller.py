@@ -1,4 +1,4 @@
-"""The control-plane model (swemu/controller.py) on both targets, and the controller process.
+"""The control-plane model (swemu/core/controller.py) on both targets, and the controller process.
 
 * registration through the real gRPC API of an in-process emulator: the tables it
   leaves (``read_state()``) and the traffic they carry;
@@ -35,18 +35,17 @@ import swemu
 from p4.controller import BfrtError, RecordingBfrt, TofinoTarget, WorkerPort, load_schema
 from p4.controller import bfrt_target as bt
 from p4.controller.p4_schema import P4Program
-from swemu import kernels as K
-from swemu import wire
-from swemu.control import SessionService, SyncService, start_control_server
-from swemu.controller import (
+from swemu.core import kernels as K
+from swemu.core.controller import (
     DropSimulation,
-    EmulatorTarget,
     RegistrationError,
     SessionController,
 )
-from swemu.engine import Action, EngineConfig, SwitchEngine
-from swemu.proto import switchml_pb2 as pb
-from swemu.proto import switchml_pb2_grpc as pb_grpc
+from swemu.core.engine import Action, EmulatorTarget, EngineConfig, SwitchEngine
+from swemu.protocol import wire
+from swemu.protocol.proto import switchml_pb2 as pb
+from swemu.protocol.proto import switchml_pb2_grpc as pb_grpc
+from swemu.serving.control_plane import SessionService, SyncService, start_control_server
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = load_schema()

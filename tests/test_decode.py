@@ -1,8 +1,8 @@
-"""swemu.decode: captures become per-slot timelines with the switch's own view.
+"""swemu.observe.decode: captures become per-slot timelines with the switch's own view.
 
 Small hand-built exchanges check each classification rule with the expected
 kinds written out from the scenario; a simulated run through the real
-:class:`swemu.engine.SwitchEngine`, recorded the way a server would record it,
+:class:`swemu.core.engine.SwitchEngine`, recorded the way a server would record it,
 checks that the decoder agrees with every action the switch took.
 """
 
@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from swemu import wire
-from swemu.decode import (
+from swemu.observe.decode import (
     CONTRIBUTION,
     FROM_SWITCH,
     MALFORMED,
@@ -29,7 +28,8 @@ from swemu.decode import (
     summary,
     timeline,
 )
-from swemu.pcap import PcapWriter, read_pcap
+from swemu.observe.pcap import PcapWriter, read_pcap
+from swemu.protocol import wire
 
 IP = wire.ipv4_to_int
 SWITCH = (IP("10.0.0.100"), 0xBEE3)
@@ -341,7 +341,7 @@ def test_decoder_agrees_with_the_switch(tmp_path: Path, seed: int) -> None:
     """Workers with lossy links run through SwitchEngine; the capture is recorded
     as a server would (input rows, then result rows per destination). Every
     decoded event must match the action the switch took for it."""
-    from swemu.engine import Action, Batch, SwitchEngine
+    from swemu.core.engine import Action, Batch, SwitchEngine
 
     rng = np.random.default_rng(seed)
     num_workers, pool, chunks, loss = 3, 4, 24, 0.25
@@ -441,7 +441,7 @@ def test_decoder_agrees_with_the_switch(tmp_path: Path, seed: int) -> None:
 
 # ------------------------------------------------- the switch's port, inferred
 def test_infer_switch_ports() -> None:
-    from swemu.decode import infer_switch_ports
+    from swemu.observe.decode import infer_switch_ports
 
     # three workers and a switch on 48890: the switch's port is in every packet
     sport = [40001, 40002, 40003, 48890, 48890, 48890]
@@ -479,8 +479,8 @@ def test_switch_on_any_port(tmp_path: Path) -> None:
 def test_decoder_streams_and_holds_multicasts_until_final(tmp_path: Path) -> None:
     """Events come out batch by batch, but a result only once no copy can follow
     (its fanout is final); a burst in one instant is released at ``hold``."""
-    from swemu.decode import Decoder
-    from swemu.pcap import read_pcap_batches
+    from swemu.observe.decode import Decoder
+    from swemu.observe.pcap import read_pcap_batches
 
     path = tmp_path / "s.pcap"
     with PcapWriter(path) as w:
@@ -518,7 +518,7 @@ def test_decode_cli_streams_and_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from swemu.launch import child_env
+    from swemu.serving.launch import child_env
 
     path = tmp_path / "big.pcap"
     n = 20_000
@@ -574,7 +574,7 @@ async def test_capture_of_a_real_switch_on_any_port(tmp_path: Path) -> None:
     import hostlib
     import swemu
     from cli.main import emu as emu_cli
-    from swemu.engine import EngineConfig
+    from swemu.core.engine import EngineConfig
 
     path = tmp_path / "any.pcap"
     workers, calls = 3, 2

@@ -18,7 +18,7 @@ from workers import LENGTHS, rank_input
 import hostlib
 from hostlib.pytest_plugin import WorkerFailed, run_workers
 from hostlib.quant import error_bound
-from swemu.launch import EmulatorProcess
+from swemu.serving.launch import EmulatorProcess
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +174,7 @@ def test_mac_of_a_local_address():
     import os
     from pathlib import Path
 
-    from swemu.netutil import mac_of_ipv4
+    from swemu.protocol.netutil import mac_of_ipv4
 
     assert mac_of_ipv4("127.0.0.1") == 0
     assert mac_of_ipv4("203.0.113.250") == 0  # nobody's address

@@ -8,10 +8,17 @@ from conftest import LOCALHOST, packet
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from swemu import kernels as K
-from swemu import wire
-from swemu.engine import Action, Batch, EngineConfig, RegistrationError, SwitchEngine, pool_bytes
-from swemu.reference import ReferenceSwitch
+from swemu.core import kernels as K
+from swemu.core.engine import (
+    Action,
+    Batch,
+    EngineConfig,
+    RegistrationError,
+    SwitchEngine,
+    pool_bytes,
+)
+from swemu.core.reference import ReferenceSwitch
+from swemu.protocol import wire
 
 # two jobs with overlapping job numbers and slots, one IP-only worker
 JOBS = [
@@ -120,7 +127,7 @@ def test_kernel_body_in_python(monkeypatch):
         )
     jit_eng, _ = build_pair()
     jit_out = [jit_eng.receive_datagram(d, s) for d, s in stream]
-    monkeypatch.setattr(K, "_process_batch", K._process_batch.py_func)
+    monkeypatch.setattr(K, "process_batch", K.process_batch.py_func)
     py_eng, _ = build_pair()
     with np.errstate(over="ignore"):  # numpy scalars warn where the kernel wraps silently
         py_out = [py_eng.receive_datagram(d, s) for d, s in stream]

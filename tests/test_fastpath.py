@@ -16,8 +16,8 @@ import pytest
 
 import hostlib
 from hostlib import fastpath
-from swemu import fastio, wire
-from swemu.launch import EmulatorProcess
+from swemu.protocol import fastio, wire
+from swemu.serving.launch import EmulatorProcess
 
 pytestmark = pytest.mark.skipif(not fastio.AVAILABLE, reason="no recvmmsg/sendmmsg here")
 
@@ -151,7 +151,7 @@ def test_send_batch_gso_delivers_every_datagram_in_order_per_address(seg_max):
 
 _SMALL_MTU_SCRIPT = """
 import socket, subprocess, numpy as np
-from swemu import fastio
+from swemu.protocol import fastio
 subprocess.run(["ip", "link", "set", "lo", "mtu", "1500", "up"], check=True)
 rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); rx.bind(("127.0.0.1", 0))
 rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)

@@ -12,10 +12,11 @@ from conftest import LOCALHOST, packet
 import hostlib
 import swemu
 from hostlib.quant import error_bound
-from swemu import faults
-from swemu import kernels as K
-from swemu.engine import Action, EngineConfig, SwitchEngine
-from swemu.faults import FaultConfig, UnknownSessionError
+from swemu.core import kernels as K
+from swemu.core.engine import Action, EngineConfig, SwitchEngine
+from swemu.core.faults import FaultConfig
+from swemu.serving import fault_control as faults
+from swemu.serving.fault_control import UnknownSessionError
 
 
 async def allreduce_all(emu, xs, **kw):

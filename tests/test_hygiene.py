@@ -1,5 +1,5 @@
 """Process hygiene: whatever way a launcher dies, its children die with it and
-no temporary directory is left behind (swemu.launch, ``switchml run``, the
+no temporary directory is left behind (swemu.serving.launch, ``switchml run``, the
 pytest plugin). Real processes, real signals; each child is followed by PID."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from swemu import launch
-from swemu.launch import child_env
+from swemu.serving import launch
+from swemu.serving.launch import child_env
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's"
@@ -114,7 +114,7 @@ def test_killed_during_emulator_start_leaves_no_directory(tmp_path):
     code = textwrap.dedent(
         """
         import sys
-        from swemu.launch import EmulatorProcess
+        from swemu.serving.launch import EmulatorProcess
         emu = EmulatorProcess()
         emu.startup_timeout = 600
         print("starting", flush=True)
@@ -157,11 +157,11 @@ def test_stale_directories_of_dead_launchers_are_swept(tmp_path):
 
 
 def test_spawned_child_dies_with_a_sigkilled_parent(tmp_path):
-    """swemu.launch.spawn, as the library offers it: the grandchild gets SIGTERM."""
+    """swemu.serving.launch.spawn, as the library offers it: the grandchild gets SIGTERM."""
     code = textwrap.dedent(
         """
         import sys, time
-        from swemu.launch import spawn
+        from swemu.serving.launch import spawn
         child = spawn([sys.executable, "-c", "import time; time.sleep(600)"])
         print(child.pid, flush=True)
         time.sleep(600)

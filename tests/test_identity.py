@@ -24,8 +24,8 @@ import pytest
 import hostlib
 import swemu
 from hostlib.errors import SwitchMLError
-from swemu.proto import switchml_pb2 as pb
-from swemu.proto import switchml_pb2_grpc as pb_grpc
+from swemu.protocol.proto import switchml_pb2 as pb
+from swemu.protocol.proto import switchml_pb2_grpc as pb_grpc
 
 W = 3
 IPS = [f"127.0.0.{2 + r}" for r in range(W)]

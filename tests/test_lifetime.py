@@ -25,14 +25,14 @@ from test_controller import emulator_controller, ip, reg, tables, tofino_control
 import swemu
 from hostlib import AsyncContext, ControlPlaneError, Options
 from hostlib.control import ControlClient
-from swemu import wire
-from swemu.control import SessionService, SyncService, start_control_server
-from swemu.controller import RegistrationError
-from swemu.engine import EngineConfig
-from swemu.launch import EmulatorProcess
-from swemu.proto import switchml_pb2 as pb
-from swemu.proto import switchml_pb2_grpc as pb_grpc
-from swemu.stats import fetch_stats
+from swemu.core.controller import RegistrationError
+from swemu.core.engine import EngineConfig
+from swemu.observe.stats import fetch_stats
+from swemu.protocol import wire
+from swemu.protocol.proto import switchml_pb2 as pb
+from swemu.protocol.proto import switchml_pb2_grpc as pb_grpc
+from swemu.serving.control_plane import SessionService, SyncService, start_control_server
+from swemu.serving.launch import EmulatorProcess
 
 STARTUP_TIMEOUT = 180.0  # a cold Numba cache compiles in every shard at once
 

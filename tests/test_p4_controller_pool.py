@@ -15,7 +15,7 @@ import pytest
 
 from p4.controller import RecordingBfrt, TofinoTarget, WorkerPort, load_schema
 from p4.controller import bfrt_target as bt
-from swemu.controller import RegistrationError, SessionController
+from swemu.core.controller import RegistrationError, SessionController
 
 SCHEMA = load_schema()
 

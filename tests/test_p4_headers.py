@@ -5,7 +5,7 @@ reader strips comments, collects ``#define``/``const``/``typedef``, header
 declarations and tables' ``const entries``. They check that
 
 * the ``switchml_h`` and ``switchml_values_h`` headers are docs/protocol.md §1 bit for
-  bit, as :mod:`swemu.wire` encodes it (byte layout of ``HEADER_DTYPE``, the bit
+  bit, as :mod:`swemu.protocol.wire` encodes it (byte layout of ``HEADER_DTYPE``, the bit
   fields of byte 0 and of pool_index, signedness, values per packet);
 * the constants that mirror Python constants agree with them;
 * the tables whose const entries encode §1-§2 (packet checks, retransmission,
@@ -25,8 +25,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swemu import wire
-from swemu.engine import EMULATOR_ONLY_ACTIONS, Action
+from swemu.core.engine import EMULATOR_ONLY_ACTIONS, Action
+from swemu.protocol import wire
 
 P4_DIR = Path(__file__).resolve().parent.parent / "p4"
 
@@ -302,7 +302,7 @@ def test_switchml_header_matches_header_dtype() -> None:
 
 def test_byte0_and_pool_index_bits() -> None:
     """msg_type is the high nibble, unused bit 3, size bits 2..0; pool_index is
-    set (bit 15) | bit 14 | slot (bits 13..0) -- the masks swemu.wire uses."""
+    set (bit 15) | bit 14 | slot (bits 13..0) -- the masks swemu.protocol.wire uses."""
     offsets = _offsets(SWITCHML)
     assert offsets["msg_type"] == (0, 4)
     assert offsets["unused"] == (4, 1)
@@ -432,7 +432,7 @@ def test_types_fit_the_constants() -> None:
 
 
 def test_action_codes_are_the_engines() -> None:
-    """ACTION_* of configuration.p4 number the outcomes as swemu.engine.Action does."""
+    """ACTION_* of configuration.p4 number the outcomes as swemu.core.engine.Action does."""
     for action in (a for a in Action if a not in EMULATOR_ONLY_ACTIONS):
         assert P4.value(f"ACTION_{action.name}") == action.value, action.name
 

@@ -1,4 +1,4 @@
-"""swemu.pcap: the synthesised frames must be what a real capture would hold.
+"""swemu.observe.pcap: the synthesised frames must be what a real capture would hold.
 
 Files are read back with our own reader and with scapy's ``rdpcap`` (an
 independent parser), and the headers are checked field by field against what
@@ -16,14 +16,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from swemu import wire
-from swemu.pcap import (
+from swemu.observe.pcap import (
     MAX_UDP_PAYLOAD,
     CapturedPacket,
     PcapError,
     PcapWriter,
     read_pcap,
 )
+from swemu.protocol import wire
 
 # a record: 16-byte pcap header + 14 Ethernet + 20 IPv4 + 8 UDP + payload
 REC_OVERHEAD = 16 + 14 + 20 + 8
@@ -383,7 +383,7 @@ def test_tcpdump_reads_the_capture(tmp_path: Path) -> None:
 # ------------------------------------------- the vectorised reader vs a plain one
 def plain_read_pcap(path: Path) -> list[CapturedPacket]:
     """The reader written record by record with struct (the twin of
-    :func:`swemu.pcap.read_pcap_batches`, which parses whole chunks with numpy),
+    :func:`swemu.observe.pcap.read_pcap_batches`, which parses whole chunks with numpy),
     Ethernet link type only."""
     raw = path.read_bytes()
     out = []
@@ -464,7 +464,7 @@ def messy_capture(path: Path, seed: int, count: int = 300) -> None:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("chunk", [40, 997, 8 << 20])
 def test_batch_reader_matches_the_plain_reader(tmp_path: Path, seed: int, chunk: int) -> None:
-    from swemu.pcap import read_pcap_batches
+    from swemu.observe.pcap import read_pcap_batches
 
     path = tmp_path / "messy.pcap"
     messy_capture(path, seed)

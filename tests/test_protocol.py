@@ -12,7 +12,7 @@ from hostlib import kernels as K
 from hostlib import quant
 from hostlib.errors import NoProgressError
 from hostlib.protocol import Timing, WorkerProtocol
-from swemu import wire
+from swemu.protocol import wire
 
 
 def int_inputs(rng, w, n):

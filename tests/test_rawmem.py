@@ -1,4 +1,4 @@
-"""swemu.rawmem: owner-less array views for the compiled hot loops."""
+"""swemu.protocol.rawmem: owner-less array views for the compiled hot loops."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from numba import njit
 from numba.core.errors import TypingError
 
-from swemu.rawmem import bytes_at, unowned, words_at
+from swemu.protocol.rawmem import bytes_at, unowned, words_at
 
 
 @njit

@@ -1,4 +1,4 @@
-"""swemu.contrib.scapy_switchml: golden bytes in both directions against swemu.wire."""
+"""swemu.observe.scapy_switchml: golden bytes in both directions against swemu.protocol.wire."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ pytest.importorskip("scapy")
 from scapy.layers.inet import IP, UDP
 from scapy.packet import Raw
 
-from swemu import wire
-from swemu.contrib.scapy_switchml import SwitchML, switchml_packets
+from swemu.observe.scapy_switchml import SwitchML, switchml_packets
+from swemu.protocol import wire
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
@@ -159,7 +159,7 @@ def test_result_answers_request() -> None:
 
 
 def test_switchml_packets_reads_our_capture(tmp_path: Path) -> None:
-    from swemu.pcap import PcapWriter
+    from swemu.observe.pcap import PcapWriter
 
     rng = np.random.default_rng(1)
     sent = [

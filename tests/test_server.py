@@ -10,10 +10,10 @@ import pytest
 from conftest import LOCALHOST, packet
 
 import swemu
-from swemu import wire
-from swemu.engine import EngineConfig
-from swemu.proto import switchml_pb2 as pb
-from swemu.proto import switchml_pb2_grpc as pb_grpc
+from swemu.core.engine import EngineConfig
+from swemu.protocol import wire
+from swemu.protocol.proto import switchml_pb2 as pb
+from swemu.protocol.proto import switchml_pb2_grpc as pb_grpc
 
 
 @pytest.fixture(params=["compiled-io", "portable-io"])
@@ -240,7 +240,7 @@ def test_small_receive_buffers_are_reported_once_with_the_fix(caplog, monkeypatc
     import socket
 
     from hostlib import client
-    from swemu.netutil import SWITCH_BUFFER_BYTES, buffer_advice, receive_buffer
+    from swemu.protocol.netutil import SWITCH_BUFFER_BYTES, buffer_advice, receive_buffer
 
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)

@@ -1,4 +1,4 @@
-"""``serve --shards``: S data-plane processes behind one control plane (swemu.shards).
+"""``serve --shards``: S data-plane processes behind one control plane (swemu.serving.shards).
 
 A real ``switchml-emu serve --shards 2`` process, real sockets on 127.0.0.1,
 real gRPC and real hostlib workers; plus the sharded engine against the
@@ -25,16 +25,16 @@ from workers import rank_input
 
 from hostlib.pytest_plugin import run_workers
 from hostlib.quant import error_bound
-from swemu import wire
-from swemu.engine import Action, SwitchEngine, pool_bytes, shard_slots
-from swemu.launch import EmulatorProcess
-from swemu.metrics import render_metrics
-from swemu.proto import emulator_pb2 as epb
-from swemu.proto import emulator_pb2_grpc as epb_grpc
-from swemu.proto import switchml_pb2 as pb
-from swemu.proto import switchml_pb2_grpc as pb_grpc
-from swemu.reference import ReferenceSwitch
-from swemu.stats import fetch_stats
+from swemu.core.engine import Action, SwitchEngine, pool_bytes, shard_slots
+from swemu.core.reference import ReferenceSwitch
+from swemu.observe.metrics import render_metrics
+from swemu.observe.stats import fetch_stats
+from swemu.protocol import wire
+from swemu.protocol.proto import emulator_pb2 as epb
+from swemu.protocol.proto import emulator_pb2_grpc as epb_grpc
+from swemu.protocol.proto import switchml_pb2 as pb
+from swemu.protocol.proto import switchml_pb2_grpc as pb_grpc
+from swemu.serving.launch import EmulatorProcess
 
 MAX_POOL_MEMORY = 1 << 20  # --max-pool-memory of the shared emulator
 #: With a cold Numba cache every shard compiles the kernels at once.

@@ -1,4 +1,4 @@
-"""The live view: ``swemu.tui.render`` on snapshots of a real emulator, and the
+"""The live view: ``swemu.observe.tui.render`` on snapshots of a real emulator, and the
 commands that show it (``serve --tui``, ``top``).
 
 The numbers on screen must be the snapshot's counters: the view is rendered
@@ -25,12 +25,9 @@ from rich.console import Console
 import hostlib
 import swemu
 from cli.main import emu as emu_cli
-from swemu.engine import EngineConfig
-from swemu.launch import child_env
-from swemu.proto import switchml_pb2 as spb
-from swemu.proto import switchml_pb2_grpc as spb_grpc
-from swemu.stats import fetch_stats
-from swemu.tui import (
+from swemu.core.engine import EngineConfig
+from swemu.observe.stats import fetch_stats
+from swemu.observe.tui import (
     SPARK_BLOCKS,
     History,
     fault_totals,
@@ -42,6 +39,9 @@ from swemu.tui import (
     render,
     sparkline,
 )
+from swemu.protocol.proto import switchml_pb2 as spb
+from swemu.protocol.proto import switchml_pb2_grpc as spb_grpc
+from swemu.serving.launch import child_env
 
 W = 3
 RAW_SID = 4242  # the hand-made job with drops of every reason

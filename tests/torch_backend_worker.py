@@ -28,7 +28,7 @@ from torch import nn
 import hostlib.torch  # noqa: F401  (registers the backend)
 from hostlib.quant import error_bound
 from hostlib.torch_backend import SwitchMLProcessGroup
-from swemu import wire
+from swemu.protocol import wire
 
 #: lengths of the allreduce checks: odd ones, one value, several chunks of any size code
 LENGTHS = (1, 7, 2049, 30011)
@@ -245,7 +245,7 @@ def checks(out: dict, rank: int, size: int) -> None:
     # the emulator's view: every call of the world group was aggregated there
     dist.barrier()
     if rank == 0:
-        from swemu.stats import fetch_stats
+        from swemu.observe.stats import fetch_stats
 
         snap = fetch_stats(os.environ["SWITCHML_CONTROL"])
         jobs = {j["session_id"]: j for j in snap["jobs"]}

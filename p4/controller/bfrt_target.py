@@ -1,7 +1,7 @@
-"""TofinoTarget: the control-plane model of :mod:`swemu.controller` written into the
+"""TofinoTarget: the control-plane model of :mod:`swemu.core.controller` written into the
 tables of p4/switchml.p4 through BF Runtime (gRPC, Intel SDE).
 
-Thin by design: the session rules are :class:`swemu.controller.SessionController`'s;
+Thin by design: the session rules are :class:`swemu.core.controller.SessionController`'s;
 this class turns its calls into table entries (p4/README.md, "The control
 plane's part") and keeps only the bookkeeping the hardware needs:
 
@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from swemu.controller import (
+from swemu.core.controller import (
     BITMAP_WORKERS,
     INVALID_ARGUMENT,
     RESOURCE_EXHAUSTED,

@@ -2,7 +2,7 @@
 
 Serves docs/protocol.md §5's gRPC API (``Session.UdpSession``, ``Sync.Barrier``,
 ``Sync.Broadcast``) with the emulator's own services, over a
-:class:`swemu.controller.SessionController` that writes the switch's tables
+:class:`swemu.core.controller.SessionController` that writes the switch's tables
 through BF Runtime (:class:`p4.controller.TofinoTarget`). Workers use it
 exactly as they use ``switchml-emu serve``::
 
@@ -29,16 +29,15 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 if __package__ in (None, ""):  # run as a script: the repository root on the path
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from p4.controller.bfrt_target import NUM_POOL_SLOTS, TofinoJob, TofinoTarget, WorkerPort
 from p4.controller.recording_bfrt import RecordingBfrt, format_write
-from swemu.controller import (
+from swemu.core.controller import (
     DropSimulation,
-    EmulatorTarget,
     JobParams,
     RegistrationError,
     SessionController,
@@ -46,6 +45,9 @@ from swemu.controller import (
     TargetLimits,
     WorkerAddress,
 )
+
+if TYPE_CHECKING:  # the engine (numpy, Numba) only in the emulator mode
+    from swemu.core.engine import EmulatorTarget
 
 log = logging.getLogger("switchml_ctl")
 
@@ -247,7 +249,7 @@ class Controller:
         return TofinoTarget(bfrt.bfrt_info, bfrt.gc, bfrt.device, **options)
 
     async def start(self) -> None:
-        from swemu.control import SessionService, SyncService, start_control_server
+        from swemu.serving.control_plane import SessionService, SyncService, start_control_server
 
         a = self.args
         loop = asyncio.get_running_loop()
@@ -256,8 +258,8 @@ class Controller:
         if a.target == "tofino":
             self.target = self._tofino(None)
         else:
-            from swemu.dataplane import DataPlane, bind_udp
-            from swemu.engine import EngineConfig, SwitchEngine, warmup
+            from swemu.core.engine import EmulatorTarget, EngineConfig, SwitchEngine, warmup
+            from swemu.serving.dataplane import DataPlane, bind_udp
 
             bfrt = RecordingBfrt(on_write=lambda w: print(format_write(w), flush=True))
             engine = SwitchEngine(EngineConfig(pool_size=NUM_POOL_SLOTS))

@@ -7,7 +7,7 @@ A caller (the asyncio server, a test's in-memory fabric, a benchmark) feeds it
 
 * control-plane calls: :meth:`SwitchEngine.register` (docs/protocol.md §5 UdpSession)
   and :meth:`SwitchEngine.release`, which go through :attr:`SwitchEngine.controller`
-  (:class:`swemu.controller.SessionController`, where the session rules live) and
+  (:class:`swemu.core.controller.SessionController`, where the session rules live) and
   come back as table primitives (``create_job``, ``set_worker``, ...);
 * data-plane batches: :meth:`SwitchEngine.process` takes a :class:`Batch`
   (rows of received datagrams with their source addresses as integers) and
@@ -16,7 +16,7 @@ A caller (the asyncio server, a test's in-memory fabric, a benchmark) feeds it
 * timers: :meth:`SwitchEngine.get_timer` / :meth:`SwitchEngine.handle_timer`
   release jobs idle for longer than ``idle_timeout``.
 
-All per-packet work happens in :func:`swemu.kernels._process_batch`, on
+All per-packet work happens in :func:`swemu.core.kernels.process_batch`, on
 arrays this class owns. The switch state is a structure of arrays: a job table
 indexed by job number ``j`` (workers W, pool size P, size code), per-job pools
 (``values[j]``, ``exps[j]``, ``bitmap[j]``, ``count[j]``) and a sorted table of
@@ -46,10 +46,21 @@ from typing import Any
 
 import numpy as np
 
-from . import kernels as K
-from .controller import EmulatorTarget, SessionController, SwitchAddress
-from .controller import RegistrationError as RegistrationError  # re-exported: its old home
-from .wire import (
+from swemu.core import kernels as K
+from swemu.core.controller import (
+    BITMAP_WORKERS,
+    RESOURCE_EXHAUSTED,
+    SIZE_CODES,
+    DropSimulation,
+    JobParams,
+    SessionController,
+    SwitchAddress,
+    TargetLimits,
+    WorkerAddress,
+    table_state,
+)
+from swemu.core.controller import RegistrationError as RegistrationError  # re-exported
+from swemu.protocol.wire import (
     MAX_PACKET_LEN,
     MAX_SLOTS,
     MAX_WORKERS,
@@ -246,7 +257,7 @@ class Batch:
 class SwitchEngine:
     """The emulated switch: job table, pools, address table and counters.
 
-    ``shard=(i, S)`` makes it data-plane shard i of S (``swemu.shards``): it
+    ``shard=(i, S)`` makes it data-plane shard i of S (``swemu.serving.shards``): it
     holds only the slots s with ``s % S == i`` of every job, at local index
     ``s // S``, and drops packets for the other slots as ``drop_wrong_shard``.
     The default ``(0, 1)`` is the whole switch.
@@ -266,7 +277,7 @@ class SwitchEngine:
         # hands each worker's socket a clone (no copy) instead of one send and one
         # copy per worker. The server turns it on for a data plane bound to loopback
         # (one process: serve --shards 1) by giving ``broadcast_ports`` (which holds
-        # a free port: swemu.netutil.hold_broadcast_port); job_bcast[j] is the port
+        # a free port: swemu.protocol.netutil.hold_broadcast_port); job_bcast[j] is the port
         # in use, or 0.
         self.broadcast_ports: Callable[[set[int]], tuple[Any, int]] | None = None
         self.job_bcast = np.zeros(self.config.max_jobs, np.int32)
@@ -286,7 +297,7 @@ class SwitchEngine:
         self.job_counters = np.zeros((mj, K.N_JOB_COUNTERS), np.int64)
         self.worker_counters = np.zeros((mj, MAX_WORKERS, K.N_WORKER_COUNTERS), np.int64)
         self.global_counters = np.zeros(K.N_GLOBAL_COUNTERS, np.int64)
-        # fault injection: per (job, worker) settings and per-job counters (swemu.faults)
+        # fault injection: per (job, worker) settings and per-job counters (swemu.core.faults)
         self.faults = np.zeros((mj, MAX_WORKERS, K.N_FAULT_PARAMS), np.float64)
         self.fault_counters = np.zeros((mj, K.N_FAULT_COUNTERS), np.int64)
         self.fault_defaults = np.zeros(K.N_FAULT_PARAMS, np.float64)
@@ -303,7 +314,7 @@ class SwitchEngine:
         # freed jobs by reason: replaced (rank 0 registered again), idle (expired),
         # explicit (released by all its workers), evicted (to make room)
         self.released: dict[str, int] = dict.fromkeys(RELEASE_REASONS, 0)
-        # control-plane state the kernel does not read (swemu.controller's model)
+        # control-plane state the kernel does not read (swemu.core.controller's model)
         self.switch_address: SwitchAddress | None = None
         self.release_hooks: list[Callable[[Job], None]] = []  # called as a job is freed
         # called after refresh_fault_flags (the data plane compiles its fault stages)
@@ -311,7 +322,7 @@ class SwitchEngine:
         self._controller: SessionController | None = None
 
     # ------------------------------------------------------------------ control
-    # docs/protocol.md §5's rules live in swemu.controller.SessionController; the engine
+    # docs/protocol.md §5's rules live in swemu.core.controller.SessionController; the engine
     # holds the tables and offers the primitives its EmulatorTarget writes them with.
     @property
     def controller(self) -> SessionController:
@@ -552,7 +563,7 @@ class SwitchEngine:
     def process(self, batch: Batch, now: float = 0.0) -> int:
         """Run rows ``0..batch.n-1`` through the switch; return the number of
         destinations written to ``batch.dest_*`` (also kept in ``batch.n_dest``)."""
-        batch.n_dest = K._process_batch(
+        batch.n_dest = K.process_batch(
             batch.buf,
             batch.lens,
             batch.ip,
@@ -653,7 +664,165 @@ def warmup() -> None:
     """Compile (or load from cache) the kernels before any clock starts."""
     eng = SwitchEngine(EngineConfig(pool_size=4, max_jobs=1))
     eng.register(session_id=1, rank=0, num_workers=1, ipv4=0x7F000001, udp_port=1, pool_size=4)
-    from .wire import encode
+    from swemu.protocol.wire import encode
 
     pkt = encode(size_code=1, job_number=0, tsi=0, set=0, slot=0, values=np.zeros(64, np.int32))
     eng.receive_datagram(pkt, (0x7F000001, 1))
+
+
+# ----------------------------------------------------------------------------- emulator
+def emulator_limits(cfg: EngineConfig) -> TargetLimits:
+    """What the emulator accepts (one process or sharded: the same limits)."""
+    from swemu.protocol.wire import EMULATOR_SIZE_CODE
+
+    return TargetLimits(
+        max_workers=cfg.max_workers,
+        max_pool_size=cfg.pool_size,
+        default_pool_size=cfg.pool_size,
+        size_codes=frozenset(SIZE_CODES),
+        emulator_size_code=EMULATOR_SIZE_CODE,
+        evict_after=cfg.evict_after,
+    )
+
+
+def emulator_room(
+    job: JobParams,
+    freeing: Any | list[Any] | None,
+    cfg: EngineConfig,
+    in_use: int,
+    free_entries: int,
+) -> RegistrationError | None:
+    """The emulator's admission rule: the pool must fit ``--max-pool-memory`` next
+    to the ``in_use`` bytes of the other jobs (jobs being replaced or evicted,
+    ``freeing`` -- one handle, a list, or None -- give their memory and their
+    entries back), and a job entry must be free."""
+    if not isinstance(freeing, list):
+        freeing = [] if freeing is None else [freeing]
+    need = pool_bytes(job.pool_size, job.size_code)
+    in_use -= sum(handle.memory for handle in freeing)
+    if in_use + need > cfg.max_pool_memory:
+        return RegistrationError(
+            RESOURCE_EXHAUSTED,
+            f"a pool of {job.pool_size} slots at size code {job.size_code} needs {need} "
+            f"bytes; {in_use} of the switch's {cfg.max_pool_memory} bytes are in use "
+            f"(--max-pool-memory)",
+        )
+    if free_entries + len(freeing) == 0:
+        return RegistrationError(
+            RESOURCE_EXHAUSTED,
+            f"all {cfg.max_jobs} job entries of the switch are in use (--max-jobs)",
+        )
+    return None
+
+
+class EmulatorTarget:
+    """The model's tables in a :class:`swemu.core.engine.SwitchEngine`: each job gets
+    arrays of its own, the worker table is the engine's sorted address table, the
+    destinations are its ``dst_ip``/``dst_port`` rows (a job's multicast group is
+    every rank with a destination)."""
+
+    def __init__(self, engine: SwitchEngine) -> None:
+        self.engine = engine
+
+    @property
+    def limits(self) -> TargetLimits:
+        return emulator_limits(self.engine.config)
+
+    def set_switch_address(self, address: SwitchAddress) -> None:
+        self.engine.switch_address = address
+
+    def room_for_job(self, job: JobParams, replacing: Job | None) -> RegistrationError | None:
+        return self.room_after(job, [] if replacing is None else [replacing])
+
+    def room_after(self, job: JobParams, freeing: list[Job]) -> RegistrationError | None:
+        eng = self.engine
+        return emulator_room(job, freeing, eng.config, eng.memory_in_use, eng.free_job_entries)
+
+    def last_active(self, handle: Job) -> float:
+        """The engine's clock (the server's loop time) at the job's last packet or
+        registration."""
+        return float(self.engine.job_last_seen[handle.index])
+
+    def check_worker(self, worker: WorkerAddress) -> RegistrationError | None:
+        return None  # the emulator answers any address the socket can reach
+
+    def create_job(self, job: JobParams, *, now: float) -> Job:
+        return self.engine.create_job(
+            job.session_id, job.num_workers, job.size_code, job.pool_size, now
+        )
+
+    def delete_job(self, handle: Job, *, why: str) -> None:
+        self.engine.drop_job(handle, why)
+
+    def set_worker(self, handle: Job, rank: int, worker: WorkerAddress, *, now: float) -> None:
+        self.engine.set_worker(
+            handle, rank, worker.ipv4, worker.udp_port, worker.mac, broadcast=worker.broadcast
+        )
+        self.engine.touch(handle, now)  # registering counts as activity for the idle timer
+
+    def remove_worker(self, handle: Job, rank: int) -> None:
+        self.engine.remove_worker(handle, rank)
+
+    def broadcast_port(self, handle: Job) -> int:
+        return handle.broadcast_port
+
+    def set_drop_simulation(self, drops: DropSimulation) -> None:
+        """The emulator's fault injection does it: ``loss_in`` drops a worker's packet
+        after the lookup, ``loss_out`` each result copy; switch-wide (every job now
+        and later), leaving the other fault settings alone."""
+        from swemu.core.kernels import P_LOSS_IN, P_LOSS_OUT
+
+        eng = self.engine
+        eng.fault_defaults[P_LOSS_IN] = drops.ingress
+        eng.fault_defaults[P_LOSS_OUT] = drops.egress
+        for job in eng.jobs.values():
+            eng.faults[job.index, :, P_LOSS_IN] = drops.ingress
+            eng.faults[job.index, :, P_LOSS_OUT] = drops.egress
+        eng.refresh_fault_flags()
+
+    def watch_releases(self, callback: Callable[[Any], None]) -> None:
+        self.engine.release_hooks.append(callback)
+
+    def read_state(self) -> dict[str, Any]:
+        """Decoded from the arrays the data-plane kernel reads, not from bookkeeping."""
+        eng = self.engine
+        by_index = {job.index: job for job in eng.jobs.values()}
+        jobs = {
+            job.session_id: JobParams(
+                job.session_id,
+                int(eng.job_workers[j]),
+                int(eng.job_code[j]),
+                int(eng.job_pool[j]),
+            )
+            for j, job in by_index.items()
+        }
+        workers = []
+        for key, val in zip(eng.addr_keys.tolist(), eng.addr_vals.tolist()):
+            job = by_index[val // BITMAP_WORKERS]
+            workers.append((key >> 16, key & 0xFFFF, job.session_id, val % BITMAP_WORKERS))
+        destinations, multicast = [], {}
+        for j, job in by_index.items():
+            ranks = [w for w in range(BITMAP_WORKERS) if eng.dst_port[j, w] >= 0]
+            multicast[job.session_id] = ranks
+            for w in ranks:
+                address = WorkerAddress(
+                    int(eng.dst_ip[j, w]), int(eng.dst_port[j, w]), job.macs.get(w, 0)
+                )
+                destinations.append((job.session_id, w, address))
+        from swemu.core.kernels import P_LOSS_IN, P_LOSS_OUT
+
+        defaults = eng.fault_defaults
+        drops = DropSimulation(float(defaults[P_LOSS_IN]), float(defaults[P_LOSS_OUT]))
+        return table_state(
+            switch=eng.switch_address,
+            drops=drops,
+            jobs=jobs,
+            workers=workers,
+            destinations=destinations,
+            multicast=multicast,
+            target={
+                "kind": "emulator",
+                "job_index": {job.session_id: j for j, job in sorted(by_index.items())},
+                "memory_in_use": eng.memory_in_use,
+            },
+        )

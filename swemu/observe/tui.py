@@ -1,6 +1,6 @@
 """The emulator at a glance: a pure ``render(snapshot, history)`` for rich.
 
-:func:`render` draws one snapshot (see :mod:`swemu.stats`) as a rich
+:func:`render` draws one snapshot (see :mod:`swemu.observe.stats`) as a rich
 renderable: the switch's addresses and limits, its rates and a goodput
 sparkline of the last minute, then one panel per job (workers and addresses,
 pool, slots in use per shadow set, rates, results, retransmissions, drops by

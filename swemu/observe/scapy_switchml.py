@@ -3,7 +3,7 @@
 Licence note: scapy is GPL-2.0. This module imports it, so it is imported only
 when the user has installed the ``capture`` extra (``pip install
 switchml-emu[capture]``); the core (the switch, the host library, the pcap
-writer and decoder in :mod:`swemu.pcap` / :mod:`swemu.decode`) never imports
+writer and decoder in :mod:`swemu.observe.pcap` / :mod:`swemu.observe.decode`) never imports
 it, and nothing in this package imports this module.
 
 ``fields_desc`` mirrors the header bit for bit, in the order the P4 program's
@@ -15,7 +15,7 @@ which is what a test of the switch's drop rules wants.
 
 Usage::
 
-    from swemu.contrib.scapy_switchml import SwitchML, switchml_packets
+    from swemu.observe.scapy_switchml import SwitchML, switchml_packets
     pkt = IP(dst="10.0.0.100") / UDP(sport=40000) / SwitchML(size=0, tsi=7, values=[1] * 32)
     for sw in switchml_packets("capture.pcap"):
         print(sw.slot, sw.set, sw.tsi)
@@ -39,7 +39,7 @@ from scapy.layers.inet import UDP
 from scapy.packet import Packet, bind_bottom_up, bind_layers
 from scapy.utils import rdpcap
 
-from swemu.wire import MAX_VALUES, MSG_TYPE, UDP_PORT_BASE
+from swemu.protocol.wire import MAX_VALUES, MSG_TYPE, UDP_PORT_BASE
 
 SWITCHML_PORTS = range(UDP_PORT_BASE, UDP_PORT_BASE + 16)  # port & 0xFFF0 == 0xBEE0
 

@@ -29,7 +29,8 @@ when every one of its ranks released it (:meth:`SessionController.release_rank`,
 the ``Release`` RPC), and a rank 0 registration that finds the switch full may
 evict the jobs idle longest (:attr:`TargetLimits.evict_after`). Two targets exist:
 
-* :class:`EmulatorTarget` (below), over a :class:`swemu.engine.SwitchEngine`;
+* :class:`swemu.core.engine.EmulatorTarget`, over the engine's tables (it lives beside
+  them in the engine module);
 * ``p4.controller.TofinoTarget``, over BF Runtime and the mirror P4 program.
 
 Both answer :meth:`Target.read_state` in one normalised form, in session terms
@@ -47,10 +48,7 @@ import ipaddress
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
-
-if TYPE_CHECKING:
-    from .engine import EngineConfig, Job, SwitchEngine
+from typing import Any, Protocol
 
 log = logging.getLogger("swemu.controller")
 
@@ -537,163 +535,3 @@ class SessionController:
         for session in list(self.sessions.values()):
             if session.handle is handle:
                 self._forget(session)
-
-
-# ----------------------------------------------------------------------------- emulator
-def emulator_limits(cfg: EngineConfig) -> TargetLimits:
-    """What the emulator accepts (one process or sharded: the same limits)."""
-    from .wire import EMULATOR_SIZE_CODE
-
-    return TargetLimits(
-        max_workers=cfg.max_workers,
-        max_pool_size=cfg.pool_size,
-        default_pool_size=cfg.pool_size,
-        size_codes=frozenset(SIZE_CODES),
-        emulator_size_code=EMULATOR_SIZE_CODE,
-        evict_after=cfg.evict_after,
-    )
-
-
-def emulator_room(
-    job: JobParams,
-    freeing: Any | list[Any] | None,
-    cfg: EngineConfig,
-    in_use: int,
-    free_entries: int,
-) -> RegistrationError | None:
-    """The emulator's admission rule: the pool must fit ``--max-pool-memory`` next
-    to the ``in_use`` bytes of the other jobs (jobs being replaced or evicted,
-    ``freeing`` -- one handle, a list, or None -- give their memory and their
-    entries back), and a job entry must be free."""
-    from .engine import pool_bytes
-
-    if not isinstance(freeing, list):
-        freeing = [] if freeing is None else [freeing]
-    need = pool_bytes(job.pool_size, job.size_code)
-    in_use -= sum(handle.memory for handle in freeing)
-    if in_use + need > cfg.max_pool_memory:
-        return RegistrationError(
-            RESOURCE_EXHAUSTED,
-            f"a pool of {job.pool_size} slots at size code {job.size_code} needs {need} "
-            f"bytes; {in_use} of the switch's {cfg.max_pool_memory} bytes are in use "
-            f"(--max-pool-memory)",
-        )
-    if free_entries + len(freeing) == 0:
-        return RegistrationError(
-            RESOURCE_EXHAUSTED,
-            f"all {cfg.max_jobs} job entries of the switch are in use (--max-jobs)",
-        )
-    return None
-
-
-class EmulatorTarget:
-    """The model's tables in a :class:`swemu.engine.SwitchEngine`: each job gets
-    arrays of its own, the worker table is the engine's sorted address table, the
-    destinations are its ``dst_ip``/``dst_port`` rows (a job's multicast group is
-    every rank with a destination)."""
-
-    def __init__(self, engine: SwitchEngine) -> None:
-        self.engine = engine
-
-    @property
-    def limits(self) -> TargetLimits:
-        return emulator_limits(self.engine.config)
-
-    def set_switch_address(self, address: SwitchAddress) -> None:
-        self.engine.switch_address = address
-
-    def room_for_job(self, job: JobParams, replacing: Job | None) -> RegistrationError | None:
-        return self.room_after(job, [] if replacing is None else [replacing])
-
-    def room_after(self, job: JobParams, freeing: list[Job]) -> RegistrationError | None:
-        eng = self.engine
-        return emulator_room(job, freeing, eng.config, eng.memory_in_use, eng.free_job_entries)
-
-    def last_active(self, handle: Job) -> float:
-        """The engine's clock (the server's loop time) at the job's last packet or
-        registration."""
-        return float(self.engine.job_last_seen[handle.index])
-
-    def check_worker(self, worker: WorkerAddress) -> RegistrationError | None:
-        return None  # the emulator answers any address the socket can reach
-
-    def create_job(self, job: JobParams, *, now: float) -> Job:
-        return self.engine.create_job(
-            job.session_id, job.num_workers, job.size_code, job.pool_size, now
-        )
-
-    def delete_job(self, handle: Job, *, why: str) -> None:
-        self.engine.drop_job(handle, why)
-
-    def set_worker(self, handle: Job, rank: int, worker: WorkerAddress, *, now: float) -> None:
-        self.engine.set_worker(
-            handle, rank, worker.ipv4, worker.udp_port, worker.mac, broadcast=worker.broadcast
-        )
-        self.engine.touch(handle, now)  # registering counts as activity for the idle timer
-
-    def remove_worker(self, handle: Job, rank: int) -> None:
-        self.engine.remove_worker(handle, rank)
-
-    def broadcast_port(self, handle: Job) -> int:
-        return handle.broadcast_port
-
-    def set_drop_simulation(self, drops: DropSimulation) -> None:
-        """The emulator's fault injection does it: ``loss_in`` drops a worker's packet
-        after the lookup, ``loss_out`` each result copy; switch-wide (every job now
-        and later), leaving the other fault settings alone."""
-        from .kernels import P_LOSS_IN, P_LOSS_OUT
-
-        eng = self.engine
-        eng.fault_defaults[P_LOSS_IN] = drops.ingress
-        eng.fault_defaults[P_LOSS_OUT] = drops.egress
-        for job in eng.jobs.values():
-            eng.faults[job.index, :, P_LOSS_IN] = drops.ingress
-            eng.faults[job.index, :, P_LOSS_OUT] = drops.egress
-        eng.refresh_fault_flags()
-
-    def watch_releases(self, callback: Callable[[Any], None]) -> None:
-        self.engine.release_hooks.append(callback)
-
-    def read_state(self) -> dict[str, Any]:
-        """Decoded from the arrays the data-plane kernel reads, not from bookkeeping."""
-        eng = self.engine
-        by_index = {job.index: job for job in eng.jobs.values()}
-        jobs = {
-            job.session_id: JobParams(
-                job.session_id,
-                int(eng.job_workers[j]),
-                int(eng.job_code[j]),
-                int(eng.job_pool[j]),
-            )
-            for j, job in by_index.items()
-        }
-        workers = []
-        for key, val in zip(eng.addr_keys.tolist(), eng.addr_vals.tolist()):
-            job = by_index[val // BITMAP_WORKERS]
-            workers.append((key >> 16, key & 0xFFFF, job.session_id, val % BITMAP_WORKERS))
-        destinations, multicast = [], {}
-        for j, job in by_index.items():
-            ranks = [w for w in range(BITMAP_WORKERS) if eng.dst_port[j, w] >= 0]
-            multicast[job.session_id] = ranks
-            for w in ranks:
-                address = WorkerAddress(
-                    int(eng.dst_ip[j, w]), int(eng.dst_port[j, w]), job.macs.get(w, 0)
-                )
-                destinations.append((job.session_id, w, address))
-        from .kernels import P_LOSS_IN, P_LOSS_OUT
-
-        defaults = eng.fault_defaults
-        drops = DropSimulation(float(defaults[P_LOSS_IN]), float(defaults[P_LOSS_OUT]))
-        return table_state(
-            switch=eng.switch_address,
-            drops=drops,
-            jobs=jobs,
-            workers=workers,
-            destinations=destinations,
-            multicast=multicast,
-            target={
-                "kind": "emulator",
-                "job_index": {job.session_id: j for j, job in sorted(by_index.items())},
-                "memory_in_use": eng.memory_in_use,
-            },
-        )

@@ -13,6 +13,9 @@ directly) rather than with ``numba.carray``: ``carray`` is an overload that
 Numba compiles as a separate library for every array type it is used with
 (about a second of first-run compile time in the emulator, half that in a
 worker, for the same machine code once inlined).
+
+:func:`bswap32` (network <-> host order of a payload word) lives here too: the
+emulator's kernels and the host library's both inline it.
 """
 
 from __future__ import annotations
@@ -113,3 +116,19 @@ def _lower_unowned(context, builder, sig, args):
         meminfo=None,
     )
     return out._getvalue()
+
+
+@njit(cache=True, nogil=True, inline="always")
+def bswap32(u):
+    """Network <-> host order of a uint32. The payload is handled as uint32
+    words (an unaligned view: the header is 10 bytes), so these loops vectorize."""
+    u = np.uint32(u)
+    return np.uint32(
+        (
+            (u >> np.uint32(24))
+            | ((u >> np.uint32(8)) & np.uint32(0xFF00))
+            | ((u << np.uint32(8)) & np.uint32(0xFF0000))
+            | (u << np.uint32(24))
+        )
+        & np.uint32(0xFFFFFFFF)  # Numba computes in 64 bits
+    )

@@ -1,8 +1,8 @@
 """Numba kernels of the switch data plane: one call handles a whole batch.
 
 Private ``_kernel`` functions take arrays and scalars only and mutate them in
-place; :mod:`swemu.engine` validates and owns the arrays. Every rule here has
-a plain-Python twin in :mod:`swemu.reference` (the test oracle); a change to one
+place; :mod:`swemu.core.engine` validates and owns the arrays. Every rule here has
+a plain-Python twin in :mod:`swemu.core.reference` (the test oracle); a change to one
 is a change to both.
 
 Batch interface (shaped for a later recvmmsg/sendmmsg loop in compiled code):
@@ -23,10 +23,10 @@ import numba
 import numpy as np
 from numba import njit
 
-from .rawmem import bytes_at, unowned, words_at
+from swemu.protocol.rawmem import bswap32, bytes_at, unowned, words_at
 
 # --- per-packet actions: what the switch did with row r, and why -------------
-# (the §2 decision table; swemu.engine.Action mirrors these values)
+# (the §2 decision table; swemu.core.engine.Action mirrors these values)
 A_DROP_UNKNOWN_SOURCE = 0
 A_DROP_MALFORMED = 1
 A_DROP_WRONG_SIZE = 2
@@ -84,29 +84,13 @@ G_PKTS_IN = 0
 G_DROP_UNKNOWN_SOURCE = 1
 N_GLOBAL_COUNTERS = 2
 
-# --- the engine's place among the data-plane shards (swemu.shards) -----------
+# --- the engine's place among the data-plane shards (swemu.serving.shards) -----------
 SH_COUNT = 0  # data-plane processes S (1: not sharded)
 SH_INDEX = 1  # this one's index i: it owns the slots s with s % S == i
 
 HEADER_LEN = 10
-NO_ADDRESSES = np.zeros(0, np.int64)  # _process_batch's row_addr: datagrams are rows
+NO_ADDRESSES = np.zeros(0, np.int64)  # process_batch's row_addr: datagrams are rows
 MSG_TYPE = 1
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _bswap32(u):
-    """Network <-> host order of a uint32. The payload is handled as uint32
-    words (an unaligned view: the header is 10 bytes), so these loops vectorize."""
-    u = np.uint32(u)
-    return np.uint32(
-        (
-            (u >> np.uint32(24))
-            | ((u >> np.uint32(8)) & np.uint32(0xFF00))
-            | ((u << np.uint32(8)) & np.uint32(0xFF0000))
-            | (u << np.uint32(24))
-        )
-        & np.uint32(0xFFFFFFFF)  # Numba computes in 64 bits
-    )
 
 
 @njit(cache=True, nogil=True)
@@ -115,14 +99,14 @@ def _write_words(dst, src):
     or a slot into a result (host to network). A function of its own, on plain
     1-D arrays, so that LLVM vectorizes it (inside the big kernel it did not)."""
     for i in range(dst.shape[0]):
-        dst[i] = _bswap32(src[i])
+        dst[i] = bswap32(src[i])
 
 
 @njit(cache=True, nogil=True)
 def _add_words(acc, src):
     """``acc[i] += bswap(src[i])`` modulo 2^32 (§2: the registers wrap)."""
     for i in range(acc.shape[0]):
-        acc[i] = np.uint32((np.uint64(acc[i]) + _bswap32(src[i])) & np.uint64(0xFFFFFFFF))
+        acc[i] = np.uint32((np.uint64(acc[i]) + bswap32(src[i])) & np.uint64(0xFFFFFFFF))
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -131,7 +115,7 @@ def _lookup(addr_keys, addr_vals, key):
 
     Written out, not ``np.searchsorted`` (a call that takes the arrays and
     counts references to them); the per-packet caller passes the tables
-    without owners (:func:`swemu.rawmem.unowned`)."""
+    without owners (:func:`swemu.protocol.rawmem.unowned`)."""
     lo = 0
     hi = addr_keys.shape[0]
     while lo < hi:
@@ -160,7 +144,7 @@ def _egress_faults(faults, j, nw):
 
 
 @njit(cache=True, nogil=True)
-def _process_batch(
+def process_batch(
     buf,
     lens,
     src_ip,
@@ -217,7 +201,7 @@ def _process_batch(
     # atomic reference-count updates, which were ~9 % of the emulator's CPU
     # when done four times per packet
     cur_j = -1
-    # payload views by address (swemu.rawmem): no reference counting per packet
+    # payload views by address (swemu.protocol.rawmem): no reference counting per packet
     buf_addr = buf.ctypes.data
     buf_stride = buf.strides[0]
     by_addr = row_addr.shape[0] > 0

@@ -1,7 +1,7 @@
 """Turn a capture of SwitchML traffic into a per-slot timeline of what happened.
 
 :class:`Decoder` reads captured datagrams a batch at a time (from
-:func:`swemu.pcap.read_pcap_batches`) and classifies each SwitchML packet the
+:func:`swemu.observe.pcap.read_pcap_batches`) and classifies each SwitchML packet the
 way the switch of docs/protocol.md §2 sees it, returning events as soon as they are
 final; :func:`timeline` does it for a whole capture; :func:`render_timeline`
 draws events as a rich table, one section per (switch port, slot);
@@ -30,7 +30,7 @@ How packets are told apart:
   worker's copy, so a multicast may show a fanout of 1; and if the worker's
   copy was lost on the way, the unicast that replaces it is the first result
   the capture shows and is labelled a multicast.
-* **Malformed.** A datagram on the SwitchML ports that :func:`swemu.wire.decode`
+* **Malformed.** A datagram on the SwitchML ports that :func:`swemu.protocol.wire.decode`
   rejects (or that the capture truncated) is shown with the decoder's reason,
   never raised.
 """
@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import wire
-from .pcap import CapturedPacket, PacketBatch, gather
+from swemu.observe.pcap import CapturedPacket, PacketBatch, gather
+from swemu.protocol import wire
 
 if TYPE_CHECKING:
     from rich.console import JustifyMethod
@@ -120,7 +120,7 @@ class Event:
 
 
 def looks_like_switchml(batch: PacketBatch) -> np.ndarray:
-    """Per packet of ``batch``: does its payload pass :func:`swemu.wire.decode`'s
+    """Per packet of ``batch``: does its payload pass :func:`swemu.protocol.wire.decode`'s
     checks (header, msg_type 1, the length its size code says)? Computed for the
     whole batch at once."""
     b0 = gather(batch.data, batch.start, 1)[:, 0].astype(np.int64)
@@ -183,8 +183,8 @@ class _Multicast:
 class Decoder:
     """Classify a capture's SwitchML packets batch by batch, in capture order.
 
-    Feed it :class:`swemu.pcap.PacketBatch` es (from
-    :func:`swemu.pcap.read_pcap_batches`); each :meth:`feed` returns the events
+    Feed it :class:`swemu.observe.pcap.PacketBatch` es (from
+    :func:`swemu.observe.pcap.read_pcap_batches`); each :meth:`feed` returns the events
     that are final, and :meth:`finish` the rest. An event is held back until its
     multicast can have no more copies (the capture's clock passed its time plus
     ``instant``) so that its ``fanout`` is final when it is returned; at most

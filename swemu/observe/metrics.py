@@ -1,6 +1,6 @@
 """Prometheus text exposition of the emulator's counters, over a tiny HTTP server.
 
-:func:`render_metrics` turns a snapshot (see :mod:`swemu.stats`) into the
+:func:`render_metrics` turns a snapshot (see :mod:`swemu.observe.stats`) into the
 Prometheus text format 0.0.4: ``# HELP`` / ``# TYPE`` lines, then samples with
 escaped label values. :class:`MetricsServer` answers ``GET /metrics`` with it,
 on asyncio streams in the emulator's own event loop — no dependency, and no

@@ -1,8 +1,8 @@
-"""docs/protocol.md §2 in plain Python: the test oracle for :mod:`swemu.kernels`.
+"""docs/protocol.md §2 in plain Python: the test oracle for :mod:`swemu.core.kernels`.
 
 Written for obviousness, not speed: dicts of per-slot records, Python ints,
 ``wire.decode`` for parsing. The property tests feed the same packet streams
-to this and to :class:`swemu.engine.SwitchEngine` and compare every action
+to this and to :class:`swemu.core.engine.SwitchEngine` and compare every action
 and every byte sent.
 """
 
@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import wire
-from .engine import Action
+from swemu.core.engine import Action
+from swemu.protocol import wire
 
 
 @dataclass

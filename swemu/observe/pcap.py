@@ -253,7 +253,7 @@ class PcapWriter:
 
         Packet ``i`` is ``buf[r, :lens[r]]`` with ``r = rows[i]`` (or ``r = i``
         without ``rows``), so the switch's result rows can be recorded once per
-        destination straight from :class:`swemu.engine.Batch` (``rows=dest_row``).
+        destination straight from :class:`swemu.core.engine.Batch` (``rows=dest_row``).
         Addresses and ``ts`` are arrays with one entry per packet, or scalars
         shared by all (the switch's address for results). Packets past a bound
         are counted in :attr:`dropped`.

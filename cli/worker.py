@@ -3,7 +3,7 @@ deterministic inputs, check every result, report each iteration as one JSON
 line as it finishes (the launcher's table grows row by row) and a last line
 with the whole report.
 
-``python -m cli._worker --warm-up [DTYPE]`` is the launcher's one compile step
+``python -m cli.worker --warm-up [DTYPE]`` is the launcher's one compile step
 instead: it compiles (or loads from Numba's cache) every kernel a worker uses,
 once, so that the N workers started after it load them from the cache rather
 than each compiling the same kernels at the same time; with a DTYPE (int32 or
@@ -31,7 +31,7 @@ WARM_PREFIX = "SWITCHML_WARM "
 def main() -> int:
     import hostlib
     from hostlib.testdata import check_result, worker_input
-    from swemu import wire
+    from swemu.protocol import wire
 
     dtype = np.dtype(os.environ.get("SWITCHML_RUN_DTYPE", "float32"))
     nbytes = int(os.environ.get("SWITCHML_RUN_SIZE", str(16 << 20)))
@@ -98,7 +98,7 @@ def warm_up(dtypes: tuple[str, ...] = ("int32", "float32")) -> int:
     from hostlib import fastpath
     from hostlib.protocol import warmup
     from hostlib.testdata import check_result, worker_input
-    from swemu import fastio
+    from swemu.protocol import fastio
 
     warmup()  # both dtypes, as each worker's context does (hostlib.client)
     if fastio.AVAILABLE:

@@ -1,9 +1,9 @@
 """The emulator as a network service: UDP data plane + gRPC control plane.
 
-A thin asyncio adapter around :class:`swemu.engine.SwitchEngine`. The UDP socket
+A thin asyncio adapter around :class:`swemu.core.engine.SwitchEngine`. The UDP socket
 is non-blocking and registered with ``loop.add_reader``: on readiness the
 adapter drains datagrams straight into the rows of a preallocated
-:class:`~swemu.engine.Batch` (``recvfrom_into``, no intermediate bytes), runs
+:class:`~swemu.core.engine.Batch` (``recvfrom_into``, no intermediate bytes), runs
 the whole batch through the Numba kernel in one call, and sends what the kernel
 asked for. The loop may be uvloop or the default asyncio loop; both are tested.
 
@@ -21,7 +21,7 @@ pcap capture (``pcap=PATH``) is a :attr:`DataPlane.tap` that is not installed
 at all when capture is off.
 
 This is the single-process emulator (``serve --shards 1``); with several
-data-plane processes, :class:`swemu.shards.ShardedEmulator` takes its place.
+data-plane processes, :class:`swemu.serving.shards.ShardedEmulator` takes its place.
 """
 
 from __future__ import annotations
@@ -37,22 +37,23 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from . import __version__, fastio
-from .control import SessionService, SyncService, start_control_server
-from .dataplane import DataPlane, bind_udp
-from .dataplane import warmup as dataplane_warmup
-from .engine import Batch, EngineConfig, SwitchEngine, warmup
-from .metrics import MetricsServer
-from .netutil import (
+from swemu.core.engine import Batch, EngineConfig, SwitchEngine, warmup
+from swemu.observe.metrics import MetricsServer
+from swemu.observe.pcap import DEFAULT_MAX_BYTES, DEFAULT_MAX_PACKETS, PcapWriter
+from swemu.observe.stats import EmulatorControlService, FaultHandler, add_to_server
+from swemu.protocol import fastio
+from swemu.protocol.netutil import (
     SWITCH_BUFFER_BYTES,
     buffer_advice,
     hold_broadcast_port,
     interface_mac,
     receive_buffer,
 )
-from .pcap import DEFAULT_MAX_BYTES, DEFAULT_MAX_PACKETS, PcapWriter
-from .stats import EmulatorControlService, FaultHandler, add_to_server
-from .wire import DEFAULT_CONTROL_PORT, DEFAULT_UDP_PORT
+from swemu.protocol.version import __version__
+from swemu.protocol.wire import DEFAULT_CONTROL_PORT, DEFAULT_UDP_PORT
+from swemu.serving.control_plane import SessionService, SyncService, start_control_server
+from swemu.serving.dataplane import DataPlane, bind_udp
+from swemu.serving.dataplane import warmup as dataplane_warmup
 
 log = logging.getLogger("swemu.server")
 
@@ -331,7 +332,7 @@ class Emulator:
         returning the configuration in force; the data plane already exists
         when this is called.
         """
-        from .faults import FaultControl
+        from swemu.serving.fault_control import FaultControl
 
         return FaultControl(self.engine, self._data)
 

@@ -6,8 +6,8 @@ switch is, before registering: an emulator says so and names its fastest
 packet size) -- see docs/lifetime.md.
 
 A thin adapter: every rule of registration lives in
-:class:`swemu.controller.SessionController`; this module turns requests into
-its calls and :class:`~swemu.controller.RegistrationError` into gRPC status
+:class:`swemu.core.controller.SessionController`; this module turns requests into
+its calls and :class:`~swemu.core.controller.RegistrationError` into gRPC status
 codes. The same services serve the emulator (a controller over an
 ``EmulatorTarget``) and a Tofino (``p4/controller/switchml_ctl.py``, a controller
 over a ``TofinoTarget``). Barrier and Broadcast are rendezvous helpers kept here
@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from .controller import RegistrationError, SessionController
-from .proto import switchml_pb2 as pb
-from .proto import switchml_pb2_grpc as pb_grpc
+from swemu.core.controller import RegistrationError, SessionController
+from swemu.protocol.proto import switchml_pb2 as pb
+from swemu.protocol.proto import switchml_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
-    from .engine import SwitchEngine
+    from swemu.core.engine import SwitchEngine
 
 log = logging.getLogger("swemu.control")
 
@@ -59,13 +59,13 @@ def _peer_ipv4(context: grpc.aio.ServicerContext) -> int:
 class SessionService(pb_grpc.SessionServicer):
     """UdpSession through a :class:`SessionController`; RdmaSession is not implemented.
 
-    ``controller`` may be an emulator's :class:`~swemu.engine.SwitchEngine`, which
+    ``controller`` may be an emulator's :class:`~swemu.core.engine.SwitchEngine`, which
     stands for its own controller (``engine.controller``). ``switch_ipv4`` (with
     ``switch_mac`` and ``data_ports``) sets the address the controller answers
     with; leave it out when the controller already has one.
 
     ``commit``, when given, is awaited after a registration was written and
-    before the reply goes out: a sharded emulator (:mod:`swemu.shards`) waits
+    before the reply goes out: a sharded emulator (:mod:`swemu.serving.shards`) waits
     there until every data-plane process has applied it, so that a worker never
     sends to a shard that does not know its job yet.
 

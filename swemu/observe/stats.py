@@ -1,9 +1,9 @@
 """The emulator's ``EmulatorControl`` gRPC service: snapshots out, fault settings in.
 
-A snapshot is the plain-Python dict of :meth:`swemu.server.Emulator.snapshot`
-(the engine's :meth:`~swemu.engine.SwitchEngine.snapshot` plus the socket
+A snapshot is the plain-Python dict of :meth:`swemu.serving.server.Emulator.snapshot`
+(the engine's :meth:`~swemu.core.engine.SwitchEngine.snapshot` plus the socket
 layer, the clock and the addresses). This module converts it to the ``Stats``
-message of ``swemu/proto/emulator.proto`` and back, so that a client of
+message of ``swemu/protocol/proto/emulator.proto`` and back, so that a client of
 ``GetStats`` gets the very dict the emulator built, whatever side of the wire
 it reads it on: the TUI, ``switchml-emu stats`` and the Prometheus endpoint
 all take that one shape.
@@ -21,8 +21,8 @@ from typing import Any
 
 import grpc
 
-from .proto import emulator_pb2 as pb
-from .proto import emulator_pb2_grpc as pb_grpc
+from swemu.protocol.proto import emulator_pb2 as pb
+from swemu.protocol.proto import emulator_pb2_grpc as pb_grpc
 
 Snapshot = dict[str, Any]
 #: Where a snapshot comes from: a function returning one (an emulator in this

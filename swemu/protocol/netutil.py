@@ -115,10 +115,10 @@ def mac_of_ipv4(ip: str) -> int:
 def interface_mac(host: str, advertise_ip: str | None = None) -> int:
     """The MAC a switch bound to ``host`` gives workers (UdpSessionResponse.mac):
     that of the interface holding ``host`` (or, for a wildcard host, holding
-    ``advertise_ip``), else :data:`swemu.wire.DEFAULT_SWITCH_MAC` (wildcard or
+    ``advertise_ip``), else :data:`swemu.protocol.wire.DEFAULT_SWITCH_MAC` (wildcard or
     loopback addresses, whose interface has no MAC). A client that writes its own
     Ethernet headers (p4app-switchML's DPDK backend) sends to this MAC."""
-    from .wire import DEFAULT_SWITCH_MAC
+    from swemu.protocol.wire import DEFAULT_SWITCH_MAC
 
     for ip in (host, advertise_ip):
         if ip and ip not in ("0.0.0.0", ""):

@@ -1,1 +1,0 @@
-"""Optional integrations that pull in third-party packages the core never imports."""
