@@ -19,7 +19,8 @@ A caller (the asyncio server, a test's in-memory fabric, a benchmark) feeds it
 All per-packet work happens in :func:`swemu.core.kernels.process_batch`, on
 arrays this class owns. The switch state is a structure of arrays: a job table
 indexed by job number ``j`` (workers W, pool size P, size code), per-job pools
-(``values[j]``, ``exps[j]``, ``bitmap[j]``, ``count[j]``) and a sorted table of
+(values, exponents, bitmap, count of job j: :meth:`SwitchEngine.pool_arrays`, passed to
+the kernels as the addresses in row j of ``pool_at``) and a sorted table of
 worker addresses ``(ip << 16 | port) -> j * 32 + worker id``.
 
 The per-packet decision of §2, as the kernel and the P4 ``next_step`` control
@@ -304,7 +305,18 @@ class SwitchEngine:
         # is any duplication / any fault on the way out configured at all (the I/O
         # path skips those stages when not); kept current by refresh_fault_flags()
         self.fault_flags = np.zeros(2, np.int64)
-        self.values, self.exps, self.bitmap, self.count = K.new_pools(mj)
+        # each job entry's pool: its four arrays (kept alive here) and their
+        # addresses, which is what the kernels read (kernels.POOL_*)
+        empty = (
+            np.zeros(0, np.uint32),
+            np.zeros(0, np.int8),
+            np.zeros(0, np.uint32),
+            np.zeros(0, np.int32),
+        )
+        self._pools: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = [empty] * mj
+        self.pool_at = np.zeros((mj, K.N_POOL_ARRAYS), np.int64)
+        for j in range(mj):
+            self._set_pool(j, empty)
         self.addr_keys = np.zeros(0, np.uint64)
         self.addr_vals = np.zeros(0, np.int32)
         self._addr: dict[int, tuple[int, int]] = {}  # key -> (job index, worker id)
@@ -411,12 +423,16 @@ class SwitchEngine:
             np.zeros(2 * held, np.uint32),
             np.zeros(2 * held, np.int32),
         )
-        K.set_pool(self.values, self.exps, self.bitmap, self.count, j, *arrays)
+        self._set_pool(j, arrays)
+
+    def _set_pool(self, j: int, arrays: tuple) -> None:
+        self._pools[j] = arrays
+        self.pool_at[j] = [a.ctypes.data for a in arrays]
 
     def pool_arrays(self, j: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``(values, exps, bitmap, count)`` of job entry ``j``: views of the
         arrays the kernels update (for snapshots and tests)."""
-        return K.get_pool(self.values, self.exps, self.bitmap, self.count, j)
+        return self._pools[j]
 
     def create_job(self, session_id: int, w: int, code: int, pool: int, now: float) -> Job:
         """Take a free job entry and give it a fresh pool of ``pool`` slots (no workers)."""
@@ -545,10 +561,7 @@ class SwitchEngine:
             self.job_pool,
             self.job_code,
             self.job_last_seen,
-            self.values,
-            self.exps,
-            self.bitmap,
-            self.count,
+            self.pool_at,
             self.dst_ip,
             self.dst_port,
             self.job_counters,

@@ -11,19 +11,20 @@ Batch interface (shaped for a later recvmmsg/sendmmsg loop in compiled code):
 result per received packet) plus a destination list ``(dest_row, dest_ip,
 dest_port)`` that a multicast fills with one entry per worker.
 
-Per-job state lives in lists indexed by job number (the engine's job table):
-``values[j]`` uint32 ``[2 * P * N]`` (index ``(set * P + slot) * N + i``; uint32
-so that addition wraps as on Tofino registers), ``exps[j]`` int8 ``[2 * P * 2]``,
-``bitmap[j]`` uint32 ``[2 * P]`` and ``count[j]`` int32 ``[2 * P]``.
+Per-job state lives in four arrays per job entry j (the engine's job table),
+which the kernels reach by address, row j of ``pool_at`` (columns ``POOL_*``):
+values uint32 ``[2 * P * N]`` (index ``(set * P + slot) * N + i``; uint32 so that
+addition wraps as on Tofino registers), exponents int8 ``[2 * P * 2]``, bitmap
+uint32 ``[2 * P]`` and count int32 ``[2 * P]``. The engine owns the arrays and
+replaces a row only between kernel calls.
 """
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 from numba import njit
 
-from swemu.protocol.rawmem import bswap32, bytes_at, unowned, words_at
+from swemu.protocol.rawmem import bswap32, bytes_at, int8s_at, int32s_at, unowned, words_at
 
 # --- per-packet actions: what the switch did with row r, and why -------------
 # (the §2 decision table; swemu.core.engine.Action mirrors these values)
@@ -157,10 +158,7 @@ def process_batch(
     job_pool,
     job_code,
     job_last_seen,
-    values,
-    exps,
-    bitmap,
-    count,
+    pool_at,
     dst_ip,
     dst_port,
     job_counters,
@@ -197,9 +195,7 @@ def process_batch(
     n_dest = 0
     sh_n = shard[SH_COUNT]
     sh_i = shard[SH_INDEX]
-    # the arrays of the job of the previous packet: a typed-List lookup costs
-    # atomic reference-count updates, which were ~9 % of the emulator's CPU
-    # when done four times per packet
+    # the arrays of the job of the previous packet, made once per change of job
     cur_j = -1
     # payload views by address (swemu.protocol.rawmem): no reference counting per packet
     buf_addr = buf.ctypes.data
@@ -279,13 +275,12 @@ def process_batch(
         # 4. bitmap update and retransmission check
         if j != cur_j:
             cur_j = j
-            bm = bitmap[j]
-            cnt = count[j]
-            vals = values[j]
-            ex = exps[j]
-            # the slots' words by address (words_at): a slice of ``vals`` per
-            # packet would count references to it
-            vals_addr = vals.ctypes.data
+            # the job's pool by address (SwitchEngine.pool_at): no typed List to
+            # compile or reference-count, and slices of the values by address too
+            vals_addr = pool_at[j, POOL_VALUES]
+            ex = int8s_at(pool_at[j, POOL_EXPS], 4 * pool)
+            bm = words_at(pool_at[j, POOL_BITMAP], 2 * pool)
+            cnt = int32s_at(pool_at[j, POOL_COUNT], 2 * pool)
         me = np.uint32(1) << np.uint32(w)
         k = s * pool + local
         k_other = (1 - s) * pool + local
@@ -387,66 +382,10 @@ def seed(value):
     np.random.seed(value)
 
 
-VALUES_T = numba.types.uint32[::1]
-EXPS_T = numba.types.int8[::1]
-BITMAP_T = numba.types.uint32[::1]
-COUNT_T = numba.types.int32[::1]
-
-
-# The pools of the jobs live in Numba typed Lists (one array per job entry, sized
-# when the job is created). Every typed-List operation done from Python compiles
-# its helpers for the item type on first use, in every process and without the
-# cache: about 5 s at each emulator start. These cached functions do the few
-# operations the engine needs inside compiled code instead.
-
-
-@njit(cache=True)
-def _new_pools(n, v0, e0, b0, c0):
-    # the empty arrays come from Python (np.zeros in here compiled its own
-    # helpers for three dtypes: half a second of a first run); sharing them is
-    # safe, an entry is replaced (set_pool), never written into
-    values = numba.typed.List.empty_list(VALUES_T)
-    exps = numba.typed.List.empty_list(EXPS_T)
-    bitmap = numba.typed.List.empty_list(BITMAP_T)
-    count = numba.typed.List.empty_list(COUNT_T)
-    for _ in range(n):
-        values.append(v0)
-        exps.append(e0)
-        bitmap.append(b0)
-        count.append(c0)
-    return values, exps, bitmap, count
-
-
-def new_pools(n: int) -> tuple:
-    """``(values, exps, bitmap, count)``: lists of ``n`` empty per-job arrays the
-    kernels index by job entry (plain lists when ``NUMBA_DISABLE_JIT=1`` runs the
-    kernels as Python)."""
-    if numba.config.DISABLE_JIT:
-        return (
-            [np.zeros(0, np.uint32) for _ in range(n)],
-            [np.zeros(0, np.int8) for _ in range(n)],
-            [np.zeros(0, np.uint32) for _ in range(n)],
-            [np.zeros(0, np.int32) for _ in range(n)],
-        )
-    return _new_pools(
-        n,
-        np.zeros(0, np.uint32),
-        np.zeros(0, np.int8),
-        np.zeros(0, np.uint32),
-        np.zeros(0, np.int32),
-    )
-
-
-@njit(cache=True)
-def set_pool(values, exps, bitmap, count, j, v, e, b, c):
-    """Give job entry ``j`` its arrays (a fresh pool, or empty ones to free it)."""
-    values[j] = v
-    exps[j] = e
-    bitmap[j] = b
-    count[j] = c
-
-
-@njit(cache=True)
-def get_pool(values, exps, bitmap, count, j):
-    """The arrays of job entry ``j`` (views of the pool the kernels update)."""
-    return values[j], exps[j], bitmap[j], count[j]
+# Where a job's pool is: row j of SwitchEngine.pool_at holds the addresses of
+# its four arrays, in this order (the engine keeps the arrays alive)
+POOL_VALUES = 0
+POOL_EXPS = 1
+POOL_BITMAP = 2
+POOL_COUNT = 3
+N_POOL_ARRAYS = 4

@@ -76,6 +76,18 @@ def bytes_at(addr, n):
     return _vector_at(addr, n, np.uint8)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def int8s_at(addr, n):
+    """``n`` int8 at address ``addr``, as an array that does not own or count its memory."""
+    return _vector_at(addr, n, np.int8)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def int32s_at(addr, n):
+    """``n`` int32 at address ``addr``, as an array that does not own or count its memory."""
+    return _vector_at(addr, n, np.int32)
+
+
 def unowned(a):
     """The same array as ``a`` (shape, dtype, memory), without its owner: passed
     to or inlined into per-packet helpers, it costs no reference counting

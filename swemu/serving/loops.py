@@ -83,7 +83,7 @@ def _switch_batch(now, n, counts, io, state, row_addr, faulty):
         _q_stride,
         _fault_flags,
     ) = io
-    addr_keys, addr_vals, faults, fault_counters = state[0], state[1], state[15], state[16]
+    addr_keys, addr_vals, faults, fault_counters = state[0], state[1], state[12], state[13]
     if faulty is not None and faulty[FLAG_DUPLICATE]:
         if row_addr.shape[0] > 0:
             # duplicates are made among the rows: copy the datagrams in first
@@ -237,10 +237,7 @@ def _step(
     job_pool,
     job_code,
     job_last_seen,
-    values,
-    exps,
-    bitmap,
-    count,
+    pool_at,
     dst_ip,
     dst_port,
     job_counters,
@@ -291,10 +288,7 @@ def _step(
         job_pool,
         job_code,
         job_last_seen,
-        values,
-        exps,
-        bitmap,
-        count,
+        pool_at,
         dst_ip,
         dst_port,
         job_counters,
@@ -413,10 +407,7 @@ def _drain(
     job_pool,
     job_code,
     job_last_seen,
-    values,
-    exps,
-    bitmap,
-    count,
+    pool_at,
     dst_ip,
     dst_port,
     job_counters,
@@ -538,10 +529,7 @@ def _drain(
         job_pool,
         job_code,
         job_last_seen,
-        values,
-        exps,
-        bitmap,
-        count,
+        pool_at,
         dst_ip,
         dst_port,
         job_counters,
