@@ -1256,6 +1256,77 @@ def three_methods(
     }
 
 
+def compare(
+    *,
+    params: int,
+    workers: int,
+    gbps: float,
+    rtt_us: float = 10.0,
+    rack_size: int | None = None,
+    values_per_packet: int = 64,
+    loss: float = 0.0,
+    ps_servers: int | None = None,
+    window: int | None = None,
+    timeout_ms: float = 10.0,
+    switch_pps: float | None = None,
+    host_cost_us: float = 0.0,
+    alpha_us: float = 20.0,
+) -> tuple[Network, dict[str, Result]]:
+    """One allreduce of ``params`` float32 gradients by the three methods, from
+    the units a user types (µs, ms, Gbit/s; ``window`` None: the pool that fills
+    the link, ``switch_pps`` None: line rate, ``ps_servers`` None: one server per
+    worker): ``switchml simulate allreduce``."""
+    net = Network(gbps=gbps, rtt=rtt_us * 1e-6, rack_size=rack_size)
+    cfg = SwitchMLConfig(
+        values_per_packet=values_per_packet,
+        window=window,
+        loss=loss,
+        timeout=timeout_ms * 1e-3,
+        switch_pps=switch_pps or math.inf,
+        host_cost=host_cost_us * 1e-6,
+    )
+    res = three_methods(
+        params * PARAM_BYTES,
+        workers,
+        net,
+        cfg,
+        RingConfig(alpha=alpha_us * 1e-6),
+        PSConfig(servers=ps_servers or workers, chunk=512 << 10, alpha=alpha_us * 1e-6),
+    )
+    return net, res
+
+
+def what_if_grid(
+    *,
+    params: int,
+    gbps: Sequence[float],
+    workers: Sequence[int],
+    rtt_us: float = 10.0,
+    values_per_packet: int = 64,
+    rack_size: int | None = None,
+    cal: Any = None,
+    loss: float = 0.0,
+    ps_servers: int | None = None,
+) -> list[dict]:
+    """:func:`what_if` for every link rate × worker count (``switchml simulate
+    what-if``), rates outermost."""
+    return [
+        what_if(
+            nbytes=params * PARAM_BYTES,
+            gbps=g,
+            workers=n,
+            rtt=rtt_us * 1e-6,
+            values_per_packet=values_per_packet,
+            rack_size=rack_size,
+            cal=cal,
+            loss=loss,
+            ps_servers=ps_servers,
+        )
+        for g in gbps
+        for n in workers
+    ]
+
+
 def reproduction(
     *,
     gbps: Sequence[float] = (10.0, 100.0),

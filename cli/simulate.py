@@ -287,30 +287,26 @@ def allreduce(
     json_out,
 ) -> None:
     """One allreduce of PARAMS float32 gradients: the three methods side by side."""
-    import math
-
     from rich.table import Table
 
     from bench import simulate as sim
 
-    net = sim.Network(gbps=gbps, rtt=rtt_us * 1e-6, rack_size=rack_size)
-    cfg = sim.SwitchMLConfig(
+    net, res = sim.compare(
+        params=params,
+        workers=workers,
+        gbps=gbps,
+        rtt_us=rtt_us,
+        rack_size=rack_size,
         values_per_packet=values_per_packet,
-        window=window,
         loss=loss,
-        timeout=timeout_ms * 1e-3,
-        switch_pps=switch_pps or math.inf,
-        host_cost=host_cost_us * 1e-6,
+        ps_servers=ps_servers,
+        window=window,
+        timeout_ms=timeout_ms,
+        switch_pps=switch_pps,
+        host_cost_us=host_cost_us,
+        alpha_us=alpha_us,
     )
     nbytes = params * sim.PARAM_BYTES
-    res = sim.three_methods(
-        nbytes,
-        workers,
-        net,
-        cfg,
-        sim.RingConfig(alpha=alpha_us * 1e-6),
-        sim.PSConfig(servers=ps_servers or workers, chunk=512 << 10, alpha=alpha_us * 1e-6),
-    )
     t = Table(
         title=f"allreduce of {params / 1e6:g} M float32 ({nbytes / 2**20:.1f} MiB), "
         f"{workers} workers, {gbps:g} Gbps, {net.racks(workers)} rack(s)"
@@ -364,22 +360,17 @@ def what_if(
 
     cal = _calibration(ctx.obj.get("calibration"))
     nbytes = params * sim.PARAM_BYTES
-    rows = []
-    for g in gbps:
-        for n in workers:
-            rows.append(
-                sim.what_if(
-                    nbytes=nbytes,
-                    gbps=g,
-                    workers=n,
-                    rtt=rtt_us * 1e-6,
-                    values_per_packet=values_per_packet,
-                    rack_size=rack_size,
-                    cal=cal,
-                    loss=loss,
-                    ps_servers=ps_servers,
-                )
-            )
+    rows = sim.what_if_grid(
+        params=params,
+        gbps=gbps,
+        workers=workers,
+        rtt_us=rtt_us,
+        values_per_packet=values_per_packet,
+        rack_size=rack_size,
+        cal=cal,
+        loss=loss,
+        ps_servers=ps_servers,
+    )
     t = Table(
         title=f"what if: {params / 1e6:g} M parameters ({nbytes / 2**20:.1f} MiB), "
         f"{4 * values_per_packet} B SwitchML payloads, RTT {rtt_us:g} µs",
