@@ -97,7 +97,7 @@ class DataPlane:
     """Feeds one UDP socket to the engine in batches, from the event loop.
 
     On 64-bit Linux the per-packet path runs in compiled code (``recvmmsg`` ->
-    switch kernel -> ``sendmmsg``, see :func:`_drain`); elsewhere, or with
+    switch kernel -> ``sendmmsg``, see :func:`swemu.serving.loops._drain`); elsewhere, or with
     ``fast=False`` (or ``SWEMU_PORTABLE=1``), a portable loop of
     ``recvfrom_into``/``sendto`` feeds the same compiled batch step with the
     same results. Fault injection (:mod:`swemu.core.faults`) runs in both.
@@ -182,7 +182,8 @@ class DataPlane:
         self._on_fault_flags()
 
     def _faulty(self) -> np.ndarray | None:
-        """The ``faulty`` argument of the compiled paths (:func:`_switch_batch`):
+        """The ``faulty`` argument of the compiled paths
+        (:func:`swemu.serving.loops._switch_batch`):
         the engine's fault flags while a fault acts on the way through the switch
         or the delay queue exists (it may hold packets), else None (the variant
         without fault stages)."""
@@ -226,7 +227,8 @@ class DataPlane:
     def compile(self) -> None:
         """Compile (or load from the cache) the kernels of the path that serves
         now, so that the first packets do not wait for Numba: the compiled drain
-        (:func:`_drain`, or :func:`_echo_drain`), or the stepwise path when there is
+        (:func:`swemu.serving.loops._drain`, or :func:`swemu.serving.loops._echo_drain`),
+        or the stepwise path when there is
         a tap or no compiled I/O. The stepwise path of a fast data plane compiles
         when a tap is installed (:attr:`tap`): a first run compiles only what it
         uses, seconds less."""
