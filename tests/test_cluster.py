@@ -107,7 +107,9 @@ def test_sigterm_removes_the_rack_and_its_processes(netns, tmp_path):
     prefix = f"swml{proc.pid}-"
     inside: list[int] = []
     try:
-        deadline = time.monotonic() + 40
+        # generous: with a cold Numba cache the rack's emulator compiles first (the
+        # loop ends as soon as the workers are in)
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
             names = bc.list_namespaces()
             if f"{prefix}w1" in names and bc._netns_pids(f"{prefix}w1"):
