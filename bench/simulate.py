@@ -68,7 +68,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-from numba import njit
+
+from swemu.protocol.jit import kernel
 
 # ------------------------------------------------------------------ framing
 #: Ethernet per frame on the wire: header 14, FCS 4, preamble+SFD 8, inter-frame gap 12.
@@ -315,7 +316,7 @@ def loss_delays(
     return np.maximum(k, 0.0) * timeout
 
 
-@njit(cache=True)
+@kernel
 def _pipeline(npkts, window, h_tx, h_rx, service, delay, extra):  # pragma: no cover - jit
     """Completion time of one worker's ``npkts`` packets over a window of slots.
 

@@ -31,9 +31,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-from numba import njit
 
 from swemu.protocol import fastio, wire
+from swemu.protocol.jit import kernel
 from swemu.protocol.netutil import set_socket_buffers
 
 
@@ -82,7 +82,7 @@ def serve(
         asyncio.run(main())
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _rounds(
     fds,
     rounds,

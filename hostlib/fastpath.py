@@ -19,15 +19,15 @@ import os
 import socket
 
 import numpy as np
-from numba import njit
 
 from swemu.protocol import fastio
+from swemu.protocol.jit import kernel
 from swemu.protocol.rawmem import unowned
 
 from . import kernels as K
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def send_slots(
     fd, hdr, hdr_ptr, iov, names, send, n, slot_ptr, slot_len, slot_ip, slot_port, ports, seg_max
 ):
@@ -71,7 +71,7 @@ def send_slots(
     return m - done
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def pump(
     now,
     fd,
@@ -252,7 +252,7 @@ W_WAKEUPS = 2  # socket reads
 N_WAIT = 3
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def wait_and_pump(
     fd,
     state,

@@ -23,8 +23,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
 
+from swemu.protocol.jit import kernel
 from swemu.protocol.rawmem import bswap32, bytes_at, words_at
 
 from . import stream
@@ -53,7 +53,7 @@ N_RTT = 5
 FLOOR_DECAY = 1.0 / 8192  # per RTT sample, the raised floor's way back down
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _chunk_exponents(x, nvals, out):
     """``out[c]`` = frexp exponent of max|x| over chunk c, -128 for an all-zero
     chunk; returns 1 if any value is NaN/Inf, 2 if max|x| >= 2^127, else 0.
@@ -87,7 +87,7 @@ def _chunk_exponents(x, nvals, out):
     return status
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline=True)
 def _frexp_exponent(m):
     """``math.frexp(v)[1]`` of the positive float32 v whose bit pattern is ``m``:
     a normal number 1.f * 2^(E-127) is 0.1f * 2^(E-126); a subnormal m * 2^-149
@@ -101,13 +101,13 @@ def _frexp_exponent(m):
     return e
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline=True)
 def _scale(exp, num_workers):
     """(2^31 - 1) / (W * 2^e), in float64: finite even for e = -128."""
     return INT32_MAX / (num_workers * math.ldexp(1.0, np.int64(exp)))
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline=True)
 def _write_header(row, code, job_number, tsi, set_, slot, e0):
     row[0] = np.uint8(0x10 | code)
     row[1] = np.uint8(job_number)
@@ -121,7 +121,7 @@ def _write_header(row, code, job_number, tsi, set_, slot, e0):
     row[9] = np.uint8(0)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline=True)
 def _payload(row, nvals):
     """The payload of a packet row as ``nvals`` big-endian words (a uint32 view;
     unaligned, which x86 and arm64 load and store at full speed; made by
@@ -129,7 +129,7 @@ def _payload(row, nvals):
     return words_at(row.ctypes.data + HEADER_LEN, nvals)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline=True)
 def _fill_data(row, xi, xf, is_float, chunk, nvals, shared_exp, num_workers, limit):
     """Quantize chunk ``chunk`` into the payload of ``row`` (zero-padded).
 
@@ -158,7 +158,7 @@ def _fill_data(row, xi, xf, is_float, chunk, nvals, shared_exp, num_workers, lim
         p[i] = 0
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline=True)
 def _streamed_part(o, src, inv, is_float, on):
     """With ``on``, store the 64-byte-aligned middle of the output chunk ``o``
     from the big-endian words at address ``src`` with streaming stores
@@ -178,7 +178,7 @@ def _streamed_part(o, src, inv, is_float, on):
     return a, b
 
 
-@njit(cache=True, nogil=True)
+@kernel(entry=False)
 def _timeout(rtt, rto_min, rto_max):
     """A new packet's timeout: ``srtt + 4 rttvar`` (RFC 6298) within
     ``[floor, rto_max]``; the floor is ``rto_min`` unless spurious timeouts
@@ -189,7 +189,7 @@ def _timeout(rtt, rto_min, rto_max):
     return min(max(floor, rtt[R_SRTT] + 4.0 * rtt[R_VAR]), rto_max)
 
 
-@njit(cache=True, nogil=True)
+@kernel(entry=False)
 def _spurious(rtt, now, rto0, rto_max):
     """A duplicate result came in: the switch answered a retransmission of a
     packet whose result had arrived, so the timer fired although nothing was
@@ -203,7 +203,7 @@ def _spurious(rtt, now, rto0, rto_max):
         rtt[R_RAISED] = now
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline=True)
 def _advance(
     s,
     now,
@@ -250,7 +250,7 @@ def _advance(
     return True
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _start(
     now,
     rows,
@@ -337,7 +337,7 @@ def _start(
     return n_send
 
 
-@njit(cache=True, nogil=True)
+@kernel(entry=False)
 def _send_or_wait(s, now, send, n_send, deadline, quiet, waiting, guard):
     """Queue slot s's new packet, or hold it until the slot's quiet time ends.
 
@@ -354,7 +354,7 @@ def _send_or_wait(s, now, send, n_send, deadline, quiet, waiting, guard):
     return n_send + 1
 
 
-@njit(cache=True, nogil=True)
+@kernel(entry=False)
 def _previous(s, c, nslots, is_float):
     """The TSI of slot s's packet before the one for chunk ``c`` (-1: none in
     this call): chunk ``c - nslots``, or the slot's exponent packet."""
@@ -365,7 +365,7 @@ def _previous(s, c, nslots, is_float):
     return -1
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _on_results(
     addrs,
     lens,
@@ -523,7 +523,7 @@ def _on_results(
     return n_send
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _on_timer(
     now, chunk, deadline, rto, tries, rto_max, backoff_after, send, counters, quiet, waiting, guard
 ):
@@ -547,7 +547,7 @@ def _on_timer(
     return n_send
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _next_deadline(chunk, deadline):
     """Earliest deadline of an active slot (inf if none)."""
     t = np.inf

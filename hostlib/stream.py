@@ -21,9 +21,11 @@ threads) before the results are reported done.
 from __future__ import annotations
 
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+from swemu.protocol.jit import kernel
 
 LANES = 16  # words per streaming store: 64 bytes, one cache line
 LINE = 64
@@ -96,13 +98,13 @@ def _fence(typingctx):
     return types.void(), codegen
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline=True)
 def fence():
     """Make earlier streaming stores visible to other threads."""
     _fence()
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline=True)
 def aligned_head(addr, n):
     """How many 4-byte words to store one by one from ``addr`` before a
     64-byte boundary (all ``n`` if ``addr`` is not even 4-byte aligned)."""

@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+
+from swemu.protocol.jit import kernel
 
 from .quant import INT32_MAX
 
@@ -25,7 +26,7 @@ MAG_BLOCK = 4096  # elements per magnitude block
 _BLOCK_SCALE = np.array([math.ldexp(1.0, blk - 8) for blk in range(16)], np.float64)
 
 
-@njit(cache=True)
+@kernel(entry=False)
 def _base_value(i, iteration, is_float):
     b = (i * 7919 + iteration * 31) % 20011 - 10005
     if not is_float:
@@ -36,13 +37,13 @@ def _base_value(i, iteration, is_float):
     return b / 1024.0 * _BLOCK_SCALE[blk]
 
 
-@njit(cache=True)
+@kernel
 def _fill(out, factor, iteration, is_float):
     for i in range(out.shape[0]):
         out[i] = factor * _base_value(i, iteration, is_float)
 
 
-@njit(cache=True)
+@kernel
 def _check(y, world_size, iteration, is_float, nvals):
     """Returns (number of bad elements, worst error / bound)."""
     n = y.shape[0]

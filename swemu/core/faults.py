@@ -33,9 +33,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
 
 from swemu.core import kernels as K
+from swemu.protocol.jit import kernel
 from swemu.protocol.wire import MAX_PACKET_LEN
 
 
@@ -98,7 +98,7 @@ class DelayQueue:
         return float(self.due[busy].min()) if busy.any() else None
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline=True)
 def _copy_row(dst, src, n):
     """The first ``n`` bytes of ``src`` into ``dst``. A loop rather than
     ``dst[:n] = src[:n]``: a slice assignment brings Numba's shape-mismatch
@@ -107,7 +107,7 @@ def _copy_row(dst, src, n):
         dst[b] = src[b]
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def duplicate_rows(buf, lens, ip, port, n, cap, addr_keys, addr_vals, faults, fault_counters):
     """Duplicate received rows whose worker has ``duplicate`` > 0 and whose coin
     says so; each copy is placed right after its original (up to ``cap`` rows in
@@ -151,7 +151,7 @@ def duplicate_rows(buf, lens, ip, port, n, cap, addr_keys, addr_vals, faults, fa
     return n + extra
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline=True)
 def leave_now(
     nd,
     out_len,
@@ -177,7 +177,7 @@ def leave_now(
     return nd
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def egress(
     now,
     nd,
@@ -268,7 +268,7 @@ def egress(
     return m
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def due_packets(
     now,
     q_buf,

@@ -22,8 +22,8 @@ replaces a row only between kernel calls.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from swemu.protocol.jit import kernel
 from swemu.protocol.rawmem import bswap32, bytes_at, int8s_at, int32s_at, unowned, words_at
 
 # --- per-packet actions: what the switch did with row r, and why -------------
@@ -94,7 +94,7 @@ NO_ADDRESSES = np.zeros(0, np.int64)  # process_batch's row_addr: datagrams are 
 MSG_TYPE = 1
 
 
-@njit(cache=True, nogil=True)
+@kernel(entry=False)
 def _write_words(dst, src):
     """``dst[i] = bswap(src[i])``: a payload into a slot (network to host order)
     or a slot into a result (host to network). A function of its own, on plain
@@ -103,14 +103,14 @@ def _write_words(dst, src):
         dst[i] = bswap32(src[i])
 
 
-@njit(cache=True, nogil=True)
+@kernel(entry=False)
 def _add_words(acc, src):
     """``acc[i] += bswap(src[i])`` modulo 2^32 (§2: the registers wrap)."""
     for i in range(acc.shape[0]):
         acc[i] = np.uint32((np.uint64(acc[i]) + bswap32(src[i])) & np.uint64(0xFFFFFFFF))
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline=True)
 def _lookup(addr_keys, addr_vals, key):
     """Binary search of ``key`` in the sorted address table; -1 if absent.
 
@@ -133,7 +133,7 @@ def _lookup(addr_keys, addr_vals, key):
 BROADCAST_IP = 0x7FFFFFFF  # 127.255.255.255, lo's broadcast address (SwitchEngine.job_bcast)
 
 
-@njit(cache=True, nogil=True)
+@kernel(entry=False)
 def _egress_faults(faults, j, nw):
     """Whether any fault acts on what job ``j`` sends to one of its ``nw`` workers
     (those need one datagram per worker, so no broadcast)."""
@@ -144,7 +144,7 @@ def _egress_faults(faults, j, nw):
     return False
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def process_batch(
     buf,
     lens,
@@ -376,7 +376,7 @@ def process_batch(
     return n_dest
 
 
-@njit(cache=True)
+@kernel
 def seed(value):
     """Seed the kernels' random generator (fault injection is reproducible)."""
     np.random.seed(value)

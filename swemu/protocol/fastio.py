@@ -28,7 +28,9 @@ import struct
 import sys
 
 import numpy as np
-from numba import njit, types
+from numba import types
+
+from .jit import kernel
 
 MSG_DONTWAIT = 0x40
 AF_INET = socket.AF_INET
@@ -66,7 +68,7 @@ POLLIN = 1
 POLLNVAL = 0x20
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline=True)
 def monotonic(ts):
     """CLOCK_MONOTONIC in seconds; ``ts`` is a ``struct timespec`` as int64[2]."""
     c_clock_gettime(CLOCK_MONOTONIC, ts.ctypes.data)
@@ -129,14 +131,14 @@ class MsgVec:
             self.iov[i, 1] = buf.shape[1]
 
 
-@njit(cache=True, nogil=True)
+@kernel(entry=False)
 def recv_batch(fd, hdr, hdr_ptr, cap, lens, src_ip, src_port, names):
     """Receive up to ``cap`` datagrams without blocking into the rows the iovecs
     point at; fill lengths and source addresses. Returns the count (0 if none)."""
     return recv_batch_flags(fd, hdr, hdr_ptr, cap, lens, src_ip, src_port, names, MSG_DONTWAIT)
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def recv_batch_flags(fd, hdr, hdr_ptr, cap, lens, src_ip, src_port, names, flags):
     """:func:`recv_batch` with explicit ``recvmmsg`` flags (0 blocks until a
     datagram arrives or the socket's SO_RCVTIMEO expires)."""
@@ -158,7 +160,7 @@ def recv_batch_flags(fd, hdr, hdr_ptr, cap, lens, src_ip, src_port, names, flags
     return n
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def send_batch(fd, hdr, hdr_ptr, iov, names, n, row_ptr, row_len, dst_ip, dst_port):
     """Send ``n`` datagrams: datagram d is ``row_len[d]`` bytes at address
     ``row_ptr[d]`` to ``(dst_ip[d], dst_port[d])``. Sends in chunks of the
@@ -189,7 +191,7 @@ def send_batch(fd, hdr, hdr_ptr, iov, names, n, row_ptr, row_len, dst_ip, dst_po
     return sent
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline=True)
 def set_name(names, i, ip, port):
     """Write (ip, port) into ``struct sockaddr_in`` row ``i`` of ``names``.
     (Inlined where it is used: as a function of its own it compiled twice per
@@ -204,7 +206,7 @@ def set_name(names, i, ip, port):
     nm[7] = np.uint8(u & np.uint32(0xFF))
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def send_batch_gso(
     fd, hdr, hdr_ptr, iov, names, cmsg, cmsg_ptr, n, row_ptr, row_len, dst_ip, dst_port, seg_max
 ):
@@ -382,7 +384,7 @@ def enable_gro(sock: socket.socket) -> bool:
         return False
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def recv_rows(
     fd,
     hdr,
@@ -483,7 +485,7 @@ def recv_rows(
     return r
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def receive(
     fd,
     cap,

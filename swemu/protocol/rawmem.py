@@ -21,12 +21,14 @@ emulator's kernels and the host library's both inline it.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, types
+from numba import types
 from numba.core import cgutils
 from numba.core.errors import TypingError
 from numba.core.imputils import impl_ret_borrowed, lower_builtin
 from numba.extending import intrinsic, type_callable
 from numba.np.arrayobj import make_array, populate_array
+
+from .jit import kernel
 
 
 @intrinsic
@@ -62,27 +64,27 @@ def _vector_at(typingctx, addr, n, dtype):
     return ret(addr, n, dtype), codegen
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline=True)
 def words_at(addr, n):
     """``n`` uint32 words (native order, any alignment x86/arm64 accept) at byte
     address ``addr``, as an array that does not own or count its memory."""
     return _vector_at(addr, n, np.uint32)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline=True)
 def bytes_at(addr, n):
     """``n`` bytes at address ``addr``, as an array that does not own or count
     its memory (a datagram where the kernel left it, say)."""
     return _vector_at(addr, n, np.uint8)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline=True)
 def int8s_at(addr, n):
     """``n`` int8 at address ``addr``, as an array that does not own or count its memory."""
     return _vector_at(addr, n, np.int8)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline=True)
 def int32s_at(addr, n):
     """``n`` int32 at address ``addr``, as an array that does not own or count its memory."""
     return _vector_at(addr, n, np.int32)
@@ -130,7 +132,7 @@ def _lower_unowned(context, builder, sig, args):
     return out._getvalue()
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline=True)
 def bswap32(u):
     """Network <-> host order of a uint32. The payload is handled as uint32
     words (an unaligned view: the header is 10 bytes), so these loops vectorize."""

@@ -15,11 +15,11 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from numba import njit
 
 from swemu.core import faults as faults_mod
 from swemu.core.kernels import process_batch
 from swemu.protocol import fastio
+from swemu.protocol.jit import kernel
 from swemu.protocol.rawmem import bytes_at, unowned
 
 # SwitchEngine.fault_flags: any duplication configured / any fault on the way out
@@ -36,7 +36,7 @@ SLICE_MS = float(os.environ.get("SWEMU_SLICE_MS", "5"))
 IDLE_MS = 1
 
 
-@njit(cache=True, nogil=True)
+@kernel(entry=False)
 def _switch_batch(now, n, counts, io, state, row_addr, faulty):
     """One received batch through the switch: injected duplicates, the §2
     kernel, then loss/delay/link rate on the way out.
@@ -158,7 +158,7 @@ def _switch_batch(now, n, counts, io, state, row_addr, faulty):
     )
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _send_due_fast(now, fd, tx, io, stats):
     """Send the delayed packets whose time has come; returns how many."""
     q_buf, q_len, q_due, q_ip, q_port = io[13], io[14], io[15], io[16], io[17]
@@ -199,7 +199,7 @@ def _send_due_fast(now, fd, tx, io, stats):
     return m
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _step(
     now,
     n,
@@ -302,14 +302,14 @@ def _step(
     return _switch_batch(now, n, counts, io, state, np.zeros(0, np.int64), faulty)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(inline=True)
 def _slice_end(slice_s, ts):
     """When a serve slice of ``slice_s`` seconds that starts now ends (0.0: no
     slice), on the clock :func:`_slice_next` reads."""
     return fastio.monotonic(ts) + slice_s if slice_s > 0.0 else 0.0
 
 
-@njit(cache=True, nogil=True)
+@kernel(entry=False)
 def _slice_next(fd, more, t_end, idle_ms, ts, pollfd, stats):
     """Whether a drain loop goes on after a pass: the clock if so, -1.0 to
     return to the event loop.
@@ -339,7 +339,7 @@ def _slice_next(fd, more, t_end, idle_ms, ts, pollfd, stats):
     return fastio.monotonic(ts)
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _drain(
     fd,
     max_batches,
@@ -606,7 +606,7 @@ def _drain(
             return total
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _echo_drain(
     fd,
     max_batches,

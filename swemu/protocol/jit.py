@@ -1,0 +1,47 @@
+"""How the project compiles a kernel: one decorator for every Numba function.
+
+Every compiled function of the switch and of the host library is declared with
+:func:`kernel`, so that the options that decide a first run's compile time are
+chosen in one place:
+
+- ``cache=True``: compiled once per machine, loaded from Numba's cache later.
+- ``nogil=True``: the host library's wait loop runs beside Python threads
+  (``torch.distributed``'s switch thread, DDP's backward).
+- ``no_cfunc_wrapper=True``: Numba otherwise builds a C-ABI entry point beside
+  every function, for use as a first-class function value, which nothing here
+  does; skipping it took 0.3-0.6 s off each side's first-run compile.
+- ``entry=False`` (``no_cpython_wrapper``): for helpers that only compiled code
+  calls. A function's CPython entry point unboxes each argument from a Python
+  object; for the loops' helpers (dozens of arrays) it was tenths of a second
+  of compile per helper, for a door nobody uses. Called from Python, such a
+  helper raises ``TypeError``.
+- ``inline=True``: Numba inlines the function into each caller before typing
+  (for small per-packet helpers); a call with 30 or more arguments cannot be
+  inlined (CPython 3.11 passes them as one tuple), so keep those few.
+
+Measured with ``python -m bench compile``; docs/running.md has the figures.
+
+May import: numba.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from numba import njit
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def kernel(fn: F | None = None, *, entry: bool = True, inline: bool = False) -> Any:
+    """Compile ``fn`` with the project's Numba options (see the module).
+    ``@kernel``, ``@kernel(entry=False)`` (called from compiled code only) or
+    ``@kernel(inline=True)`` (inlined into its compiled callers)."""
+    options: dict[str, Any] = {"cache": True, "nogil": True, "no_cfunc_wrapper": True}
+    if not entry:
+        options["no_cpython_wrapper"] = True
+    if inline:
+        options["inline"] = "always"
+    decorate = njit(**options)
+    return decorate if fn is None else decorate(fn)
