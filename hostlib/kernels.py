@@ -178,7 +178,7 @@ def _streamed_part(o, src, inv, is_float, on):
     return a, b
 
 
-@kernel(entry=False)
+@kernel
 def _timeout(rtt, rto_min, rto_max):
     """A new packet's timeout: ``srtt + 4 rttvar`` (RFC 6298) within
     ``[floor, rto_max]``; the floor is ``rto_min`` unless spurious timeouts
@@ -189,7 +189,7 @@ def _timeout(rtt, rto_min, rto_max):
     return min(max(floor, rtt[R_SRTT] + 4.0 * rtt[R_VAR]), rto_max)
 
 
-@kernel(entry=False)
+@kernel
 def _spurious(rtt, now, rto0, rto_max):
     """A duplicate result came in: the switch answered a retransmission of a
     packet whose result had arrived, so the timer fired although nothing was
@@ -337,7 +337,7 @@ def _start(
     return n_send
 
 
-@kernel(entry=False)
+@kernel
 def _send_or_wait(s, now, send, n_send, deadline, quiet, waiting, guard):
     """Queue slot s's new packet, or hold it until the slot's quiet time ends.
 
@@ -354,7 +354,7 @@ def _send_or_wait(s, now, send, n_send, deadline, quiet, waiting, guard):
     return n_send + 1
 
 
-@kernel(entry=False)
+@kernel
 def _previous(s, c, nslots, is_float):
     """The TSI of slot s's packet before the one for chunk ``c`` (-1: none in
     this call): chunk ``c - nslots``, or the slot's exponent packet."""

@@ -26,7 +26,7 @@ MAG_BLOCK = 4096  # elements per magnitude block
 _BLOCK_SCALE = np.array([math.ldexp(1.0, blk - 8) for blk in range(16)], np.float64)
 
 
-@kernel(entry=False)
+@kernel
 def _base_value(i, iteration, is_float):
     b = (i * 7919 + iteration * 31) % 20011 - 10005
     if not is_float:

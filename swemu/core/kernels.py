@@ -94,7 +94,7 @@ NO_ADDRESSES = np.zeros(0, np.int64)  # process_batch's row_addr: datagrams are 
 MSG_TYPE = 1
 
 
-@kernel(entry=False)
+@kernel
 def _write_words(dst, src):
     """``dst[i] = bswap(src[i])``: a payload into a slot (network to host order)
     or a slot into a result (host to network). A function of its own, on plain
@@ -103,7 +103,7 @@ def _write_words(dst, src):
         dst[i] = bswap32(src[i])
 
 
-@kernel(entry=False)
+@kernel
 def _add_words(acc, src):
     """``acc[i] += bswap(src[i])`` modulo 2^32 (§2: the registers wrap)."""
     for i in range(acc.shape[0]):
@@ -133,7 +133,7 @@ def _lookup(addr_keys, addr_vals, key):
 BROADCAST_IP = 0x7FFFFFFF  # 127.255.255.255, lo's broadcast address (SwitchEngine.job_bcast)
 
 
-@kernel(entry=False)
+@kernel
 def _egress_faults(faults, j, nw):
     """Whether any fault acts on what job ``j`` sends to one of its ``nw`` workers
     (those need one datagram per worker, so no broadcast)."""

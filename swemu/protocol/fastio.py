@@ -131,7 +131,7 @@ class MsgVec:
             self.iov[i, 1] = buf.shape[1]
 
 
-@kernel(entry=False)
+@kernel
 def recv_batch(fd, hdr, hdr_ptr, cap, lens, src_ip, src_port, names):
     """Receive up to ``cap`` datagrams without blocking into the rows the iovecs
     point at; fill lengths and source addresses. Returns the count (0 if none)."""

@@ -12,9 +12,11 @@ chosen in one place:
   does; skipping it took 0.3-0.6 s off each side's first-run compile.
 - ``entry=False`` (``no_cpython_wrapper``): for helpers that only compiled code
   calls. A function's CPython entry point unboxes each argument from a Python
-  object; for the loops' helpers (dozens of arrays) it was tenths of a second
-  of compile per helper, for a door nobody uses. Called from Python, such a
-  helper raises ``TypeError``.
+  object; for the loops' helpers (dozens of arrays, tuples of arrays) it was
+  tenths of a second of compile per helper, for a door nobody uses. Numba gives
+  such a function no Python entry at all: called from Python it crashes the
+  process. So only functions whose every caller is compiled and never run as
+  plain Python (the kernels' Python bodies are test oracles) go without one.
 - ``inline=True``: Numba inlines the function into each caller before typing
   (for small per-packet helpers); a call with 30 or more arguments cannot be
   inlined (CPython 3.11 passes them as one tuple), so keep those few.
