@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from swemu.protocol import fastio, wire
+from swemu.protocol.jit import compiling
 from swemu.protocol.netutil import (
     buffer_advice,
     mac_of_ipv4,
@@ -579,7 +580,7 @@ _buffer_warned = False
 def _warmup_once() -> None:
     global _warm
     if not _warm:
-        with _sigint_noted() as interrupted:
+        with _sigint_noted() as interrupted, compiling():
             try:
                 warmup()
                 if fastio.AVAILABLE:
