@@ -99,15 +99,13 @@ def warm_up(dtypes: tuple[str, ...] = ("int32", "float32")) -> int:
     from hostlib.protocol import warmup
     from hostlib.testdata import check_result, worker_input
     from swemu.protocol import fastio
-    from swemu.protocol.jit import compiling
 
-    with compiling():
-        warmup()  # both dtypes, as each worker's context does (hostlib.client)
-        if fastio.AVAILABLE:
-            fastpath.warmup()
-        for dtype in dtypes:  # the built-in workers' inputs and checks
-            x = worker_input(0, 64, 0, np.dtype(dtype))
-            check_result(x, 1, 0, 64)
+    warmup()  # both dtypes, as each worker's context does (hostlib.client)
+    if fastio.AVAILABLE:
+        fastpath.warmup()
+    for dtype in dtypes:  # the built-in workers' inputs and checks
+        x = worker_input(0, 64, 0, np.dtype(dtype))
+        check_result(x, 1, 0, 64)
     print(f"{WARM_PREFIX}{time.perf_counter() - t0:.3f}", flush=True)
     return 0
 

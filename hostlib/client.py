@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from swemu.protocol import fastio, wire
-from swemu.protocol.jit import compiling
 from swemu.protocol.netutil import (
     buffer_advice,
     mac_of_ipv4,
@@ -580,7 +579,7 @@ _buffer_warned = False
 def _warmup_once() -> None:
     global _warm
     if not _warm:
-        with _sigint_noted() as interrupted, compiling():
+        with _sigint_noted() as interrupted:
             try:
                 warmup()
                 if fastio.AVAILABLE:

@@ -31,7 +31,6 @@ from swemu.core import faults as faults_mod
 from swemu.core.engine import Batch, EngineConfig, SwitchEngine
 from swemu.core.faults import DelayQueue
 from swemu.protocol import fastio
-from swemu.protocol.jit import compiling
 from swemu.protocol.netutil import set_socket_buffers
 from swemu.protocol.wire import MAX_PACKET_LEN, MAX_WORKERS
 from swemu.serving.loops import (
@@ -203,11 +202,10 @@ class DataPlane:
         if flags is None:
             return
         flags_t = numba.typeof(flags)
-        with compiling():
-            for kernel in (_drain, _step):
-                for sig in list(kernel.signatures):
-                    if isinstance(sig[-1], types.NoneType):
-                        kernel.compile((*sig[:-1], flags_t))
+        for kernel in (_drain, _step):
+            for sig in list(kernel.signatures):
+                if isinstance(sig[-1], types.NoneType):
+                    kernel.compile((*sig[:-1], flags_t))
 
     def start(self) -> None:
         self.sock.setblocking(False)
@@ -234,10 +232,6 @@ class DataPlane:
         a tap or no compiled I/O. The stepwise path of a fast data plane compiles
         when a tap is installed (:attr:`tap`): a first run compiles only what it
         uses, seconds less."""
-        with compiling():
-            self._compile()
-
-    def _compile(self) -> None:
         self._send_due()
         if self.fast and self.echo:
             self._echo()  # the benchmark's echo mode: compiled before it is ready too
@@ -271,10 +265,6 @@ class DataPlane:
         """Compile (or load) the kernels of :meth:`_drain_stepwise`."""
         if self._stepwise_ready:
             return
-        with compiling():
-            self._compile_stepwise_now()
-
-    def _compile_stepwise_now(self) -> None:
         _step(0.0, 0, self._counts, *self._io(), *self.engine.kernel_state(), self._faulty())
         if self.fast:
             self._receive_nothing()
