@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -98,6 +99,18 @@ def test_smoke_switchml_and_ring_on_shaped_links(netns):
     assert "| 0.5 Gb/s | 2 | 1 MiB |" in bc.markdown_table(rows)
 
 
+def _python_pids(ns: str) -> list[int]:
+    """The Python processes inside the namespace ``ns`` (none if it is gone)."""
+    pids = []
+    for pid in bc._netns_pids(ns):
+        try:
+            if b"python" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                pids.append(pid)
+        except OSError:  # exited meanwhile
+            pass
+    return pids
+
+
 def test_sigterm_removes_the_rack_and_its_processes(netns, tmp_path):
     pytest.importorskip("torch")  # `switchml cluster run` refuses to start without it
     out = tmp_path / "r.json"
@@ -110,11 +123,14 @@ def test_sigterm_removes_the_rack_and_its_processes(netns, tmp_path):
         # generous: with a cold Numba cache the rack's emulator compiles first (the
         # loop ends as soon as the workers are in)
         deadline = time.monotonic() + 120
+        wanted = [f"{prefix}sw", f"{prefix}w0", f"{prefix}w1"]
         while time.monotonic() < deadline and proc.poll() is None:
-            names = bc.list_namespaces()
-            if f"{prefix}w1" in names and bc._netns_pids(f"{prefix}w1"):
-                # the emulator is serving and every worker has been started
-                inside = [p for ns in names if ns.startswith(prefix) for p in bc._netns_pids(ns)]
+            # the emulator is serving and every worker has been started: a Python
+            # process in each namespace (not a tc or ip helper run there while the
+            # rack is set up, which once ended this wait with one pid)
+            running = {ns: _python_pids(ns) for ns in wanted}
+            if all(running.values()):
+                inside = [p for pids in running.values() for p in pids]
                 break
             time.sleep(0.1)
         assert len(inside) >= 3, "the run did not get going"
