@@ -15,7 +15,7 @@ def _list(kind):
     def parse(text: str) -> list:
         from cli.terminal import parse_size
 
-        return [kind(x) if kind is int else parse_size(x) for x in text.split(",") if x]
+        return [kind(x) if kind in (int, str) else parse_size(x) for x in text.split(",") if x]
 
     return parse
 
@@ -37,6 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--workers", type=_list(int), default=[2, 4, 8])
     a.add_argument("--sizes", type=_list(None), default=[1 << 20, 16 << 20, 64 << 20])
     a.add_argument("--codes", type=_list(int), default=[1, 3, 6, 7])
+    a.add_argument(
+        "--forms",
+        type=_list(str),
+        default=["out", "new"],
+        help="SwitchML's result: out (into out=, allocated once), new (y = ctx.allreduce(x))",
+    )
     a.add_argument("--reps", type=int, default=5)
     a.add_argument("--shards", type=int, default=1, help="data-plane processes of the emulator")
     a.add_argument(
@@ -181,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             shards=args.shards,
             dtype=args.dtype,
             neighbour=args.neighbour,
+            forms=args.forms,
         )
         paths = write_outputs(data, args.out)
         print(markdown(data))

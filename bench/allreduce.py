@@ -12,8 +12,8 @@ methods take turns in one invocation, so the machine's noise hits them alike:
 * Every call gets the same input: ``hostlib.testdata``'s (rank r sends
   ``(r + 1) * base``; no subnormals), copied into gloo's tensor before each call
   (gloo sums in place, so a reused tensor would grow W-fold per call), and
-  never modified by SwitchML (it writes a separate output array that is
-  allocated once per size, as a training loop's would be).
+  never modified by SwitchML (it writes a separate output array: one allocated
+  once per size, as a training loop's would be, or a new result per call).
 * Each timed call is preceded by a barrier of the method's own kind (gloo's
   ``barrier``; for SwitchML a one-element allreduce through the same job): the
   clock starts when the worker leaves it, stops when the call returns, and a
@@ -27,7 +27,13 @@ Methods:
 
 * ``switchml-<code>``: ``hostlib`` allreduce through the emulator (float32 by
   default; ``--dtype int32`` sends exact integers, no quantization: the
-  transport's own cost);
+  transport's own cost), into an ``out=`` array allocated once per size;
+* ``switchml-<code>-new``: the same call without ``out=`` (``y =
+  ctx.allreduce(x)``, a new result each call, the previous one dropped after
+  the call as a loop that rebinds its result does): the call most users make
+  (``--forms out,new``, the default, measures both). The first two calls of
+  each size are not timed: they allocate the two blocks a loop's results then
+  take turns in (:mod:`hostlib.results`), as ``out=``'s allocation is not timed;
 * ``gloo``: ``torch.distributed.all_reduce`` (gloo, ring);
 * ``ps``: the parameter-server pattern, gloo ``reduce`` to rank 0 + ``broadcast``.
 
@@ -53,8 +59,8 @@ grow with tensor size or traffic) and each worker's peak RSS next to its
 tensors' size. The load average before and after the run goes into the report.
 
 Run: ``python -m bench allreduce [--workers 2,4,8] [--sizes 1Mi,16Mi,64Mi]
-[--codes 1,3,6,7] [--reps 5] [--shards 1] [--dtype float32] [--neighbour off]
-[--out DIR]``. Why the gloo baseline is measured this way (and what the earlier
+[--codes 1,3,6,7] [--forms out,new] [--reps 5] [--shards 1] [--dtype float32]
+[--neighbour off] [--out DIR]``. Why the gloo baseline is measured this way (and what the earlier
 harness got wrong): ``python -m bench gloo-baseline`` (:mod:`bench.gloo_baseline`).
 """
 
@@ -85,6 +91,10 @@ PS = "ps"
 #: random-normal input before every call (a plain script's)
 FRESH, INPLACE, RANDN = "fresh", "inplace", "randn"
 QUIET, LOADED = "quiet", "loaded"
+#: the suffix of a SwitchML method called without ``out=``
+NEW = "-new"
+#: how SwitchML's result is given: into ``out=`` (allocated once) or new per call
+FORMS = ("out", "new")
 
 
 def _free_port() -> int:
@@ -251,6 +261,8 @@ def _worker(
         return arrays[key]
 
     tick = np.zeros(1, np.int32)
+    # per (method, size) called without out=: its last result, held until the next
+    held: dict[tuple[str, int], np.ndarray] = {}
     checked: set[tuple] = set()
     while True:
         cmd = conn.recv()
@@ -259,9 +271,16 @@ def _worker(
         method, nbytes = cmd[:2]
         mode = cmd[2] if len(cmd) > 2 else FRESH
         x = array("x", nbytes)
-        if method in ctxs:
+        ctx_name = method.removesuffix(NEW)
+        if ctx_name in ctxs:
             out = array("out", nbytes)
-            ctxs[method].allreduce(tick, out=tick)  # line the workers up through the switch
+            if method.endswith(NEW) and (method, nbytes) not in held:
+                # a loop's first two calls: they make the two blocks its results
+                # then take turns in (hostlib.results); not timed, like out='s
+                # allocation
+                for _ in range(2):
+                    held[method, nbytes] = ctxs[ctx_name].allreduce(x)
+            ctxs[ctx_name].allreduce(tick, out=tick)  # line the workers up through the switch
         else:
             if mode == INPLACE:
                 t = array(INPLACE, nbytes)
@@ -276,17 +295,23 @@ def _worker(
         elif method == PS:
             dist.reduce(t, dst=0)
             dist.broadcast(t, src=0)
+        elif method.endswith(NEW):
+            # the previous result of this method is dropped when this one returns
+            held[method, nbytes] = ctxs[ctx_name].allreduce(x)
         else:
             ctxs[method].allreduce(x, out=out)
         dt = time.perf_counter() - t0
         cpu = time.process_time() - c0
-        stats = ctxs[method].last_stats if method in ctxs else {}
+        stats = ctxs[ctx_name].last_stats if ctx_name in ctxs else {}
         verdict = None
         check = cmd[3] if len(cmd) > 3 else (method, nbytes, mode) not in checked
         if check and mode == FRESH:
             checked.add((method, nbytes, mode))
-            y = out if method in ctxs else t.numpy()
-            verdict = testdata.check_result(y, w, 0, nvals.get(method, 256))[0]
+            if method.endswith(NEW):
+                y = held[method, nbytes]
+            else:
+                y = out if method in ctxs else t.numpy()
+            verdict = testdata.check_result(y, w, 0, nvals.get(ctx_name, 256))[0]
         conn.send((dt, stats.get("retransmissions", 0), cpu, verdict))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     grown = [float(v.abs().max()) for (k, _), v in arrays.items() if k == INPLACE]
@@ -400,11 +425,13 @@ def run(
     shards: int = 1,
     dtype: str = "float32",
     neighbour: str = "off",
+    forms: Sequence[str] = FORMS,
 ) -> dict:
     """Run the whole matrix against an emulator with ``shards`` data-plane
     processes; return the results as plain data. ``neighbour``: ``off``,
     ``on`` (a CPU-bound process runs throughout) or ``both`` (every
-    repetition quiet and loaded)."""
+    repetition quiet and loaded); ``forms``: SwitchML's calls into ``out=``
+    (``out``), without it (``new``), or both."""
     from swemu.serving.launch import EmulatorProcess
 
     if dtype not in ("float32", "int32"):
@@ -412,7 +439,11 @@ def run(
     loads = {"off": [QUIET], "on": [LOADED], "both": [QUIET, LOADED]}.get(neighbour)
     if loads is None:
         raise ValueError(f"neighbour must be off, on or both, not {neighbour!r}")
-    methods = [f"switchml-{c}" for c in codes] + [GLOO, PS]
+    if not forms or set(forms) - set(FORMS):
+        raise ValueError(f"forms must be some of {', '.join(FORMS)}, not {forms!r}")
+    methods = [
+        f"switchml-{c}" + ("" if form == "out" else NEW) for c in codes for form in forms
+    ] + [GLOO, PS]
     results: list[dict] = []
     memory: dict[str, Any] = {}
     loadavg_start = _loadavg()
@@ -483,6 +514,7 @@ def run(
         "shards": shards,
         "dtype": dtype,
         "neighbour": neighbour,
+        "forms": list(forms),
         "cpus": os.cpu_count(),
         "loadavg_start": loadavg_start,
         "loadavg_end": _loadavg(),

@@ -31,6 +31,7 @@ import numpy as np
 from .client import AsyncContext, Options
 from .errors import ControlPlaneError, NoProgressError, SwitchMLError
 from .protocol import Timing
+from .results import ResultPool
 
 __all__ = [
     "AsyncContext",
@@ -120,6 +121,18 @@ class Context:
     def session_id(self) -> int | None:
         m = self._actx.membership
         return m.session_id if m else None
+
+    @property
+    def switch_address(self) -> str:
+        """``IP:PORT`` of the switch's data plane (its first port if several):
+        the one given, or the one the controller named when joining."""
+        return self._actx.switch_address
+
+    @property
+    def results(self) -> ResultPool:
+        """The memory of results returned without ``out=`` (reused once the
+        caller drops them; :mod:`hostlib.results`)."""
+        return self._actx.results
 
     @property
     def rank(self) -> int:

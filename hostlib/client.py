@@ -40,6 +40,7 @@ from . import kernels as K
 from .control import ControlClient, Membership
 from .errors import SwitchMLError
 from .protocol import Allreduce, Timing, WorkerProtocol, warmup
+from .results import ResultPool
 
 BATCH = 64
 #: p4app-switchML's worker_port: the port all workers of a job share where the
@@ -138,6 +139,8 @@ class AsyncContext:
         self._wakeups = 0  # socket reads (batches) of the running call
         self.gso_segments = 1  # packets per send message (1: no segmentation offload)
         self.last_stats: dict[str, int] = {}  # counters of the last call
+        #: the memory of results returned without ``out=``, reused once dropped
+        self.results = ResultPool()
 
     # ---------------------------------------------------------------- lifetime
     async def __aenter__(self) -> AsyncContext:
@@ -347,6 +350,7 @@ class AsyncContext:
             self._bsock = None
         if self._sock is None:
             return
+        self.results.clear()
         if self._loop is not None and not self._loop.is_closed():
             self._loop.remove_reader(self._sock.fileno())
         self._sock.close()
@@ -391,7 +395,7 @@ class AsyncContext:
         """Validate and start one call (both APIs): its state and its result array."""
         if self._op is not None:
             raise RuntimeError("one allreduce at a time per context")
-        result = np.empty_like(x) if out is None else out
+        result = self.results.empty_like(x) if out is None else out
         return self.protocol.allreduce(x, result, now), result
 
     def _retransmit(self, op: Allreduce, now: float) -> None:

@@ -26,7 +26,7 @@ def test_allreduce_benchmark_smoke(tmp_path, dtype):
     data = run([2], [64 << 10], [3], reps=2, log=lambda m: None, dtype=dtype)
     assert data["dtype"] == dtype
     methods = {r["method"] for r in data["results"]}
-    assert methods == {"switchml-3", "gloo", "ps"}
+    assert methods == {"switchml-3", "switchml-3-new", "gloo", "ps"}
     assert all(r["median_s"] > 0 for r in data["results"])
     # every method's first call was checked against the exact sum, and was right
     assert all(r["verified"] is True for r in data["results"])
@@ -55,7 +55,7 @@ def test_allreduce_benchmark_quiet_and_loaded(tmp_path):
     pytest.importorskip("torch")
     from bench.allreduce import markdown, run
 
-    data = run([2], [64 << 10], [6], reps=2, log=lambda m: None, neighbour="both")
+    data = run([2], [64 << 10], [6], reps=2, log=lambda m: None, neighbour="both", forms=["out"])
     rows = {(r["load"], r["method"]): r for r in data["results"]}
     assert set(rows) == {
         (ld, m) for ld in ("quiet", "loaded") for m in ("switchml-6", "gloo", "ps")

@@ -83,3 +83,27 @@ def int_and_float(ctx: hostlib.Context, n: int) -> tuple[np.ndarray, np.ndarray]
     """One int32 and one float32 allreduce of n values (the sharded emulator's test)."""
     y = ctx.allreduce(rank_input(ctx.rank, n, 0))
     return y, ctx.allreduce(rank_input(ctx.rank, n, 1, np.float32))
+
+
+def pooled_results(ctx: hostlib.Context, n: int, calls: int) -> dict:
+    """``calls`` allreduces of int32 and float32 ``n``-arrays without ``out=``, the
+    result rebound each call as a training loop does; then two results held at
+    once. Returns the checks' inputs: the results of the held pair, the results of
+    every rebound call's copy, and the pool's counters."""
+    rebound = []
+    y = None
+    for call in range(calls):
+        dtype = np.int32 if call % 2 == 0 else np.float32
+        y = ctx.allreduce(rank_input(ctx.rank, n, call, dtype))
+        rebound.append(y.copy())
+    del y
+    a = ctx.allreduce(rank_input(ctx.rank, n, 100, np.int32))
+    b = ctx.allreduce(rank_input(ctx.rank, n, 101, np.int32))
+    pool = ctx.results
+    return {
+        "rebound": rebound,
+        "held": (a, b),
+        "distinct": not np.shares_memory(a, b),
+        "allocated": pool.allocated,
+        "reused": pool.reused,
+    }
