@@ -249,9 +249,9 @@ class AsyncContext:
         self._local = (wire.ipv4_to_int(local_ip), sock.getsockname()[1])
         self._released = False
         self._switch_ip = probe_host if switch_host else wire.int_to_ipv4(membership.switch_ipv4)
-        if membership.data_ports:
-            ports = list(membership.data_ports)
-        else:
+        if membership.data_ports and not (switch_port and len(membership.data_ports) == 1):
+            ports = list(membership.data_ports)  # the switch's own, or its shards'
+        else:  # a port given explicitly wins over a single advertised one
             ports = [switch_port or wire.DEFAULT_UDP_PORT]
         self._switch_ports = frozenset(ports)
         self._dests = [(self._switch_ip, ports[s % len(ports)]) for s in range(o.window)]

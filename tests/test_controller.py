@@ -142,7 +142,11 @@ async def test_grpc_registration_writes_the_tables_and_traffic_aggregates(peers)
         assert state["target"]["kind"] == "emulator"
         state.pop("target")
         assert state == {
-            "switch": {"ipv4": "127.0.0.1", "mac": "02:00:5e:be:e0:00", "data_ports": []},
+            "switch": {
+                "ipv4": "127.0.0.1",
+                "mac": "02:00:5e:be:e0:00",
+                "data_ports": [emu.data_address[1]],
+            },
             "drop_simulation": {"ingress": 0.0, "egress": 0.0},
             "jobs": {42: {"num_workers": 3, "size_code": 1, "pool_size": 4}},
             "workers": [

@@ -131,6 +131,18 @@ def test_unreachable_controller_names_the_address():
     assert time.monotonic() - t0 < 5
 
 
+def test_the_control_address_alone_finds_the_data_port(emulator):
+    """No switch address: the controller's reply names its data port (a random
+    one here), and the explicit address, when given, is used as it is."""
+    assert not emulator.switch.endswith(":48864")
+    x = np.arange(5000, dtype=np.int32)
+    with hostlib.connect(None, emulator.control, rank=0, world_size=1) as ctx:
+        np.testing.assert_array_equal(ctx.allreduce(x), x)
+        assert ctx.switch_address == emulator.switch
+    with hostlib.connect(emulator.switch, emulator.control, rank=0, world_size=1) as ctx:
+        np.testing.assert_array_equal(ctx.allreduce(x), x)
+
+
 def test_unreachable_switch_names_the_address(emulator):
     with hostlib.connect(switch="127.0.0.1:9", control=emulator.control, no_progress=1.0) as c:
         t0 = time.monotonic()

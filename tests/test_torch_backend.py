@@ -86,10 +86,14 @@ def torchrun(out: Path, nproc: int, *args: str, timeout: float = 300, **env: str
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """The 3-rank launch: each rank's report, and the emulator's counters after."""
+    """The 3-rank launch: each rank's report, and the emulator's counters after.
+
+    Only SWITCHML_CONTROL is set, and the emulator's UDP port is a random one:
+    the ranks learn the data port from the controller's reply."""
     out = tmp_path_factory.mktemp("ranks")
     with EmulatorProcess() as emu:
-        proc = torchrun(out, W, SWITCHML_CONTROL=emu.control, SWITCHML_SWITCH=emu.switch)
+        assert not emu.switch.endswith(":48864")
+        proc = torchrun(out, W, SWITCHML_CONTROL=emu.control)
         after = fetch_stats(emu.control)
     assert proc.returncode == 0, f"torchrun exited {proc.returncode}:\n{proc.stderr[-6000:]}"
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(W)]

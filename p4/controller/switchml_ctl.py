@@ -254,7 +254,9 @@ class Controller:
         a = self.args
         loop = asyncio.get_running_loop()
         switch_ip = int(ipaddress.IPv4Address(a.switch_ip))
-        data_ports: tuple[int, ...] = ()
+        # workers learn the data port from the controller (docs/protocol.md §5
+        # data_ports), so a control address alone is enough to join
+        data_ports: tuple[int, ...] = (DEFAULT_DATA_PORT,)
         if a.target == "tofino":
             self.target = self._tofino(None)
         else:
@@ -267,8 +269,7 @@ class Controller:
             warmup()
             self._sock = bind_udp(a.switch_ip, a.data_port)
             self.data_port = self._sock.getsockname()[1]
-            if self.data_port != DEFAULT_DATA_PORT:
-                data_ports = (self.data_port,)  # tell workers where the dry run listens
+            data_ports = (self.data_port,)  # where the dry run listens
             self._data = DataPlane(engine, self._sock, loop)
             self._data.start()
         self.controller = SessionController(self.target)

@@ -281,6 +281,8 @@ class Emulator:
                 self.engine,
                 switch_ipv4=switch_ipv4,
                 switch_mac=self.switch_mac,
+                # the one data port: workers given only the control address find it
+                data_ports=[self.port],
                 clock=self._loop.time,
                 on_register=lambda *_: self._arm_timer(),
                 identify_by=self.identify_by,
