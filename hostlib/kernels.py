@@ -24,14 +24,21 @@ import math
 
 import numpy as np
 
+from swemu.protocol.header import (
+    pool_set,
+    pool_slot,
+    read_e0,
+    read_pool_index,
+    read_tsi,
+    type_size_byte,
+    write_header,
+)
 from swemu.protocol.jit import kernel
 from swemu.protocol.rawmem import bswap32, bytes_at, words_at
+from swemu.protocol.wire import EXP_NONE, EXP_TSI_BASE, HEADER_LEN
 
 from . import stream
 
-HEADER_LEN = 10
-EXP_NONE = -128
-EXP_TSI_BASE = 1 << 31
 DONE = -2
 INT32_MAX = 2147483647
 
@@ -105,20 +112,6 @@ def _frexp_exponent(m):
 def _scale(exp, num_workers):
     """(2^31 - 1) / (W * 2^e), in float64: finite even for e = -128."""
     return INT32_MAX / (num_workers * math.ldexp(1.0, np.int64(exp)))
-
-
-@kernel(inline=True)
-def _write_header(row, code, job_number, tsi, set_, slot, e0):
-    row[0] = np.uint8(0x10 | code)
-    row[1] = np.uint8(job_number)
-    row[2] = np.uint8((tsi >> 24) & 0xFF)
-    row[3] = np.uint8((tsi >> 16) & 0xFF)
-    row[4] = np.uint8((tsi >> 8) & 0xFF)
-    row[5] = np.uint8(tsi & 0xFF)
-    row[6] = np.uint8((set_ << 7) | ((slot >> 8) & 0x3F))
-    row[7] = np.uint8(slot & 0xFF)
-    row[8] = np.uint8(e0 & 0xFF)
-    row[9] = np.uint8(0)
 
 
 @kernel(inline=True)
@@ -242,7 +235,7 @@ def _advance(
     if is_float:
         e0 = my_exp[nxt + nslots] if nxt + nslots < nchunks else EXP_NONE
     row = rows[s]
-    _write_header(row, code, job_number, nxt, st, s, e0)
+    write_header(row, code, job_number, nxt, st, s, e0, 0)
     _fill_data(row, xi, xf, is_float, nxt, nvals, shared_exp, num_workers, limit)
     deadline[s] = now + rto0
     rto[s] = rto0
@@ -298,7 +291,7 @@ def _start(
             next_set[s] = 1 - st
             chunk[s] = -1
             row = rows[s]
-            _write_header(row, code, job_number, EXP_TSI_BASE + s, st, s, my_exp[s])
+            write_header(row, code, job_number, EXP_TSI_BASE + s, st, s, my_exp[s], 0)
             for i in range(HEADER_LEN, HEADER_LEN + 4 * nvals):
                 row[i] = 0
             deadline[s] = now + rto0
@@ -423,22 +416,17 @@ def _on_results(
             counters[K_IGNORED] += 1
             continue
         row = bytes_at(addrs[r], plen)
-        if row[0] != (0x10 | code) or row[1] != job_number:
+        if row[0] != type_size_byte(code) or row[1] != job_number:
             counters[K_IGNORED] += 1
             continue
-        pi = (np.int64(row[6]) << 8) | np.int64(row[7])
-        st = (pi >> 15) & 1
-        s = pi & 0x3FFF
+        pi = read_pool_index(row)
+        st = pool_set(pi)
+        s = pool_slot(pi)
         if s >= nslots:
             counters[K_IGNORED] += 1
             continue
         c = chunk[s]
-        tsi = (
-            (np.int64(row[2]) << 24)
-            | (np.int64(row[3]) << 16)
-            | (np.int64(row[4]) << 8)
-            | np.int64(row[5])
-        )
+        tsi = read_tsi(row)
         if c == DONE or waiting[s] != 0 or st != cur_set[s]:
             # the result of the slot's previous packet once more?
             if c >= 0 and st != cur_set[s] and tsi == _previous(s, c, nslots, is_float):
@@ -450,7 +438,7 @@ def _on_results(
         if tsi != expect:
             counters[K_IGNORED] += 1
             continue
-        e0 = np.int8(row[8])
+        e0 = read_e0(row)
         counters[K_RESULTS] += 1
         if tries[s] == 0:
             # RTT sample (Karn: never from a retransmitted packet), RFC 6298 smoothing

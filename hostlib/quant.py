@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from swemu.protocol.wire import EXP_NONE
+
 INT32_MAX = 2**31 - 1
-EXP_NONE = -128
 
 
 def chunk_exponents(x: np.ndarray, nvals: int) -> np.ndarray:

@@ -375,3 +375,34 @@ def test_each_package_says_what_it_may_import():
         if "may import" not in doc.lower():
             silent.append(module)
     assert not silent, f"packages whose docstring does not say what they may import: {silent}"
+
+
+def _module_constants(tree: ast.Module) -> Iterator[tuple[str, int]]:
+    """Upper-case names bound at module level by assignment: ``(name, line)``."""
+    for node in tree.body:
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets = [node.target]
+        for t in targets:
+            if isinstance(t, ast.Name) and t.id.isupper():
+                yield t.id, node.lineno
+
+
+def test_no_constant_of_the_wire_format_is_defined_twice():
+    """The wire format's constants (``HEADER_LEN``, ``EXP_NONE``, ``SLOT_MASK``, …)
+    are defined once, in ``swemu.protocol.wire``: any other module imports them.
+    A copy (``HEADER_LEN = 10`` in a kernel module) drifts when the format does."""
+    files = project_files()
+    wire_tree = ast.parse(files["swemu.protocol.wire"].read_text())
+    wire_names = {name for name, _ in _module_constants(wire_tree)}
+    assert {"HEADER_LEN", "EXP_NONE", "EXP_TSI_BASE", "SLOT_MASK", "MSG_TYPE"} <= wire_names
+    copies = [
+        f"{module}:{line}: {name} (defined in swemu.protocol.wire)"
+        for module, path in sorted(files.items())
+        if module != "swemu.protocol.wire"
+        for name, line in _module_constants(ast.parse(path.read_text()))
+        if name in wire_names
+    ]
+    assert not copies, "\n".join(copies)

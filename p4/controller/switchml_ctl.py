@@ -45,14 +45,15 @@ from swemu.core.controller import (
     TargetLimits,
     WorkerAddress,
 )
+from swemu.protocol import wire
 
 if TYPE_CHECKING:  # the engine (numpy, Numba) only in the emulator mode
     from swemu.core.engine import EmulatorTarget
 
 log = logging.getLogger("switchml_ctl")
 
-DEFAULT_DATA_PORT = 48864  # 0xBEE0
-DEFAULT_SWITCH_MAC = "02:00:5e:be:e0:00"
+#: the Tofino program takes any UDP port 0xBEE0-0xBEEF; workers are told this one
+DEFAULT_DATA_PORT = wire.DEFAULT_UDP_PORT
 
 
 class ControllerError(RuntimeError):
@@ -178,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--program", default="switchml", help="P4 program name given to bf-p4c")
     p.add_argument("--device-id", type=int, default=0)
     p.add_argument("--switch-ip", required=True, help="the switch's IPv4 address for workers")
-    p.add_argument("--switch-mac", type=parse_mac, default=parse_mac(DEFAULT_SWITCH_MAC))
+    p.add_argument("--switch-mac", type=parse_mac, default=wire.DEFAULT_SWITCH_MAC)
     p.add_argument("--control-host", default="0.0.0.0", help="where the gRPC API listens")
     p.add_argument("--control-port", type=int, default=50099, help="gRPC port (0: any)")
     p.add_argument(

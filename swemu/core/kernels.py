@@ -23,8 +23,20 @@ from __future__ import annotations
 
 import numpy as np
 
+from swemu.protocol.header import (
+    pool_set,
+    pool_slot,
+    read_e0,
+    read_e1,
+    read_msg_type,
+    read_pool_index,
+    read_size_code,
+    read_tsi,
+    write_header,
+)
 from swemu.protocol.jit import kernel
 from swemu.protocol.rawmem import bswap32, bytes_at, int8s_at, int32s_at, unowned, words_at
+from swemu.protocol.wire import HEADER_LEN, MSG_TYPE
 
 # --- per-packet actions: what the switch did with row r, and why -------------
 # (the §2 decision table; swemu.core.engine.Action mirrors these values)
@@ -89,9 +101,7 @@ N_GLOBAL_COUNTERS = 2
 SH_COUNT = 0  # data-plane processes S (1: not sharded)
 SH_INDEX = 1  # this one's index i: it owns the slots s with s % S == i
 
-HEADER_LEN = 10
 NO_ADDRESSES = np.zeros(0, np.int64)  # process_batch's row_addr: datagrams are rows
-MSG_TYPE = 1
 
 
 @kernel
@@ -240,10 +250,9 @@ def process_batch(
             worker_counters[j, w, W_DROPS] += 1
             action[r] = A_DROP_MALFORMED
             continue
-        b0 = row[0]
-        code = np.int64(b0 & 7)
+        code = read_size_code(row)
         nvals = 32 << code
-        if (b0 >> 4) != MSG_TYPE or length != HEADER_LEN + 4 * nvals:
+        if read_msg_type(row) != MSG_TYPE or length != HEADER_LEN + 4 * nvals:
             job_counters[j, C_DROP_MALFORMED] += 1
             worker_counters[j, w, W_DROPS] += 1
             action[r] = A_DROP_MALFORMED
@@ -254,9 +263,9 @@ def process_batch(
             action[r] = A_DROP_WRONG_SIZE
             continue
         # 3. which slot
-        pi = (np.int64(row[6]) << 8) | np.int64(row[7])
-        s = (pi >> 15) & 1
-        slot = pi & 0x3FFF
+        pi = read_pool_index(row)
+        s = pool_set(pi)
+        slot = pool_slot(pi)
         pool = job_pool[j]
         if slot >= pool:
             job_counters[j, C_DROP_SLOT_RANGE] += 1
@@ -300,8 +309,8 @@ def process_batch(
                 cnt[k] = c - 1
         # 6. aggregation: write after release, add otherwise, nothing on retransmission
         acc = words_at(vals_addr + 4 * k * nvals, nvals)
-        e0 = np.int8(row[8])
-        e1 = np.int8(row[9])
+        e0 = read_e0(row)
+        e1 = read_e1(row)
         if not retrans:
             words = words_at(at + HEADER_LEN, nvals)
             if before == 0:
@@ -327,14 +336,18 @@ def process_batch(
             continue
         # build the result: header of the triggering packet, slot maxima and sums
         plen = HEADER_LEN + 4 * nvals
-        out_buf[r, 0] = (MSG_TYPE << 4) | code
-        for b in range(1, 6):
-            out_buf[r, b] = row[b]
-        out_buf[r, 6] = (s << 7) | (slot >> 8)
-        out_buf[r, 7] = slot & 0xFF
-        out_buf[r, 8] = np.uint8(np.int64(ex[2 * k]) & 0xFF)
-        out_buf[r, 9] = np.uint8(np.int64(ex[2 * k + 1]) & 0xFF)
-        _write_words(words_at(out_addr + r * out_stride + HEADER_LEN, nvals), acc)
+        out_at = out_addr + r * out_stride
+        write_header(
+            bytes_at(out_at, HEADER_LEN),
+            code,
+            row[1],
+            read_tsi(row),
+            s,
+            slot,
+            ex[2 * k],
+            ex[2 * k + 1],
+        )
+        _write_words(words_at(out_at + HEADER_LEN, nvals), acc)
         out_len[r] = plen
         if retrans:
             action[r] = A_UNICAST
