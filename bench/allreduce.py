@@ -312,6 +312,7 @@ def _worker(
             else:
                 y = out if method in ctxs else t.numpy()
             verdict = testdata.check_result(y, w, 0, nvals.get(ctx_name, 256))[0]
+            del y  # a result held here would keep its block from the next call
         conn.send((dt, stats.get("retransmissions", 0), cpu, verdict))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     grown = [float(v.abs().max()) for (k, _), v in arrays.items() if k == INPLACE]
