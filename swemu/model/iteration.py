@@ -13,7 +13,6 @@ from .network import PARAM_BYTES, EventLoop, Fifo
 from .zoo import ModelProfile
 
 
-# -------------------------------------------------------- training iteration
 def buckets(model: ModelProfile, bucket_bytes: int) -> list[tuple[int, int]]:
     """Gradient buckets in reverse layer order: ``(bytes, index of the earliest
     layer in it)``; a bucket closes once it holds at least ``bucket_bytes``."""

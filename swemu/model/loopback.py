@@ -15,7 +15,6 @@ import numpy as np
 from .network import EventLoop, Result
 
 
-# ------------------------------------------------------------ the emulator
 @dataclass(frozen=True)
 class _ProcessCosts:
     """CPU seconds of one process kind (the emulator or a worker) in the loopback model."""

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-# ------------------------------------------------------------------ framing
 #: Ethernet per frame on the wire: header 14, FCS 4, preamble+SFD 8, inter-frame gap 12.
 ETHERNET_FRAMING = 14 + 4 + 8 + 12
 IPV4_UDP = 20 + 8

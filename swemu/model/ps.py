@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from .network import EventLoop, Fifo, Network, Result, tcp_wire_factor
 
 
-# ---------------------------------------------------------- parameter server
 @dataclass(frozen=True)
 class PSConfig:
     """Parameter server: ``servers`` dedicated machines, each holding 1/servers of

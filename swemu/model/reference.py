@@ -14,7 +14,6 @@ from .network import EventLoop, Fifo, Network, Result, switchml_wire_bytes
 from .switchml import SwitchMLConfig, pool_to_fill
 
 
-# --------------------------------------------- SwitchML packet-level reference
 def switchml_reference(
     nbytes: int,
     workers: int,

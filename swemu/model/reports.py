@@ -19,7 +19,6 @@ from .ring import RingConfig, ring_allreduce
 from .switchml import SwitchMLConfig, pool_to_fill, switchml_allreduce
 from .zoo import ModelProfile, paper_models, resnet50
 
-# ----------------------------------------------------------- reproduction
 #: The paper's (Sapio et al., NSDI 2021) headline claims the reproduction is held against.
 PAPER_CLAIMS = {
     "allreduce_10g": "up to 80% faster than ring all-reduce at 10 Gbps (network-bound models)",

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from .network import IPV4_TCP, EventLoop, Network, Result, tcp_wire_factor
 
 
-# --------------------------------------------------------------------- ring
 @dataclass(frozen=True)
 class RingConfig:
     """Ring all-reduce: per-step latency ``alpha`` (software + network), the MTU

@@ -16,7 +16,6 @@ from swemu.protocol.jit import kernel
 from .network import PARAM_BYTES, Network, Result, switchml_overhead, switchml_wire_bytes
 
 
-# ----------------------------------------------------------------- SwitchML
 @dataclass(frozen=True)
 class SwitchMLConfig:
     """SwitchML parameters (defaults: a Tofino at line rate, size code 1, no loss).

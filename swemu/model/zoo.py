@@ -11,7 +11,6 @@ from dataclasses import dataclass, replace
 from .network import PARAM_BYTES
 
 
-# ------------------------------------------------------------------- models
 @dataclass(frozen=True)
 class Layer:
     """One layer: its gradient size (parameters) and forward FLOPs per sample."""

@@ -13,7 +13,6 @@ from typing import Any
 from .netns import METHODS
 from .runner import Record
 
-# ----------------------------------------------------------------- results
 FAITHFUL_EFFICIENCY = 0.8  # measured within 1.25× of the link-bound time
 
 

@@ -9,7 +9,6 @@ import os
 import time
 from dataclasses import dataclass
 
-# --------------------------------------------------------------------- CPU
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 

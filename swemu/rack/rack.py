@@ -24,7 +24,6 @@ from .netns import (
 )
 
 
-# -------------------------------------------------------------------- rack
 @dataclass(frozen=True)
 class Shaping:
     """One direction of every link: a token bucket at ``rate_gbps`` (tbf) and,

@@ -31,7 +31,6 @@ from .netns import (
 from .rack import Rack, Shaping
 
 
-# --------------------------------------------------------------- benchmark
 @dataclass
 class BenchConfig:
     """What to measure: the cross product of rates × worker counts × sizes × methods,
