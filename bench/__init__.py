@@ -3,6 +3,6 @@
 Benchmarks never run as timed asserts in tests; results are ratios measured side
 by side in one invocation.
 
-May import: everything. Nothing imports bench but ``switchml simulate`` and
-``switchml cluster``.
+May import: swemu, hostlib, p4: everything but cli (a command is run by its
+command line, e.g. ``python -m cli.worker``). Nothing imports bench.
 """

@@ -11,11 +11,18 @@ import sys
 from pathlib import Path
 
 
+class BenchError(Exception):
+    """An expected failure (no rack, bad options): one line on stderr, exit status 1."""
+
+
 def _list(kind):
     def parse(text: str) -> list:
-        from cli.terminal import parse_size
+        from swemu.options import parse_size
 
-        return [kind(x) if kind in (int, str) else parse_size(x) for x in text.split(",") if x]
+        try:
+            return [kind(x) if kind in (int, str) else parse_size(x) for x in text.split(",") if x]
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
 
     return parse
 
@@ -171,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     if args.what == "allreduce":
-        from cli.extras import available, missing_message, require
+        from swemu.options import available, missing_message, require
 
         require("torch", "python -m bench allreduce (gloo and the parameter server)")
         if not available("matplotlib"):  # the results do not need it: said now, not at the end
@@ -196,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     import json
 
     if args.what == "gloo-baseline":
-        from cli.extras import require
+        from swemu.options import require
 
         require("torch", "python -m bench gloo-baseline")
         from . import gloo_baseline
@@ -262,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         _save(args.out, "loss", data, loss.markdown(data))
         return 0
     if args.what == "overlap":
-        from cli.extras import require
+        from swemu.options import require
 
         require("torch", "python -m bench overlap")
         from . import overlap
@@ -283,19 +290,19 @@ def main(argv: list[str] | None = None) -> int:
         print("written: " + ", ".join(map(str, paths)), file=sys.stderr)
         return 0
     if args.what == "training":
-        from cli.extras import require
-        from cli.terminal import CLIError
+        from swemu.options import require
 
         require("torch", "python -m bench training")
         if not args.no_plot:  # checked now, not after a long run
             require("matplotlib", "python -m bench training's plot (or --no-plot)")
-        from .cluster import namespaces_permitted
+        from swemu.rack import namespaces_permitted
 
         why = namespaces_permitted()
         if why:
-            raise CLIError(f"python -m bench training needs the emulated rack: {why}")
+            raise BenchError(f"python -m bench training needs the emulated rack: {why}")
+        from swemu.rack import ClusterError
+
         from . import training
-        from .cluster import ClusterError
 
         try:
             data = training.run(
@@ -315,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
                 log=lambda m: print(m, file=sys.stderr),
             )
         except (ClusterError, ValueError) as exc:  # no rack, a rank failed, bad options
-            raise CLIError(str(exc)) from None
+            raise BenchError(str(exc)) from None
         paths = training.write_outputs(data, args.out, plot=not args.no_plot)
         print(training.markdown(data))
         print("written: " + ", ".join(map(str, paths)), file=sys.stderr)
@@ -349,9 +356,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from cli.terminal import CLIError
+    from swemu.options import MissingExtra
 
     try:
         sys.exit(main())
-    except CLIError as exc:  # an expected failure (a missing extra): one line
-        sys.exit(f"error: {exc.format_message()}")
+    except (BenchError, MissingExtra) as exc:  # an expected failure: one line
+        sys.exit(f"error: {exc}")

@@ -433,7 +433,7 @@ def run(
     ``on`` (a CPU-bound process runs throughout) or ``both`` (every
     repetition quiet and loaded); ``forms``: SwitchML's calls into ``out=``
     (``out``), without it (``new``), or both."""
-    from swemu.serving.launch import EmulatorProcess
+    from swemu.launch import EmulatorProcess
 
     if dtype not in ("float32", "int32"):
         raise ValueError(f"dtype must be float32 or int32, not {dtype!r}")
@@ -649,7 +649,7 @@ def write_outputs(data: dict, out: Path, name: str = "allreduce") -> list[Path]:
     try:
         plot(data, paths[2])
     except ImportError as exc:
-        from cli.extras import explain
+        from swemu.options import explain
 
         print(f"warning: no plot: {explain(exc, 'plotting')}", file=sys.stderr)
         return paths[:2]

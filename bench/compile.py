@@ -17,6 +17,7 @@ interleaved with this one, each part in its own process.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -75,14 +76,20 @@ def _child(part: str, dtype: str) -> dict[str, Any]:
         dataplane_warmup(asyncio.new_event_loop())
         warmup()
     else:
-        try:
-            from cli import worker
-        except ImportError:  # a --tree from before issue 23's layout move
-            worker = importlib.import_module("cli._worker")
-        try:
-            worker.warm_up((dtype,))
-        except TypeError:  # a tree whose warm-up takes no dtype (both)
-            worker.warm_up()
+        # the launcher's warm-up step, run as its command line would run it
+        # (``python -m cli.worker --warm-up DTYPE``), in this process
+        import runpy
+
+        for module in ("cli.worker", "cli._worker"):  # a --tree from before issue 23: _worker
+            if importlib.util.find_spec(module) is None:
+                continue
+            sys.argv = [module, "--warm-up", dtype]
+            try:
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
+            except SystemExit as exc:
+                if exc.code not in (0, None):
+                    raise
+            break
     return {
         "part": part,
         "cpu_s": time.process_time() - t0,

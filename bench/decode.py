@@ -115,9 +115,9 @@ def _timed(fn) -> tuple[float, float, float, Any]:
 
 def run(size: int, size_code: int, workers: int, loss_every: int, log=print) -> dict[str, Any]:
     """Make the capture, time every way of reading it, remove it."""
+    from swemu.launch import child_env
     from swemu.observe.decode import Decoder, decode_batches
     from swemu.observe.pcap import read_pcap, read_pcap_batches
-    from swemu.serving.launch import child_env
 
     with tempfile.TemporaryDirectory(prefix="swemu-bench-decode-") as tmp:
         path = Path(tmp) / "big.pcap"
@@ -212,10 +212,16 @@ def markdown(data: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cli.terminal import parse_size
+    from swemu.options import parse_size
+
+    def size(text: str) -> int:
+        try:
+            return parse_size(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
 
     p = argparse.ArgumentParser(prog="python -m bench decode", description=__doc__.splitlines()[0])
-    p.add_argument("--size", type=parse_size, default=1 << 30, help="capture size (e.g. 256Mi)")
+    p.add_argument("--size", type=size, default=1 << 30, help="capture size (e.g. 256Mi)")
     p.add_argument("--size-code", type=int, default=3, choices=range(8))
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--loss-every", type=int, default=100)

@@ -145,7 +145,7 @@ def run(
 ) -> dict[str, Any]:
     """Time gloo under every variant of :data:`VARIANTS` (and SwitchML's call
     of the old harness) ``rounds`` times, interleaved; return plain data."""
-    from swemu.serving.launch import EmulatorProcess
+    from swemu.launch import EmulatorProcess
 
     sw = f"switchml-{code}"
     items = [*VARIANTS, sw]

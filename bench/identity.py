@@ -122,7 +122,7 @@ def run(
     log=print,
 ) -> dict[str, Any]:
     """Measure every mode ``reps`` times, interleaved; return plain data."""
-    from swemu.serving.launch import EmulatorProcess
+    from swemu.launch import EmulatorProcess
 
     modes = [
         (IP_PORT, (), {}, True),

@@ -22,7 +22,7 @@ def run(
     levels: list[float], workers: int, nbytes: int, code: int, reps: int, log=print
 ) -> dict[str, Any]:
     """Measure every loss level ``reps`` times, interleaved; return plain data."""
-    from swemu.serving.launch import EmulatorProcess
+    from swemu.launch import EmulatorProcess
 
     with contextlib.ExitStack() as stack:
         targets = []

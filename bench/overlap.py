@@ -53,7 +53,7 @@ def run(
 ) -> dict:
     """Start an emulator (``--link-gbps``: each switch-to-worker link's rate, 0 =
     loopback speed) and the workers, wait for them, and return the medians."""
-    from swemu.serving.launch import CHILD_CWD, EmulatorProcess, child_env, spawn, torchrun_envs
+    from swemu.launch import CHILD_CWD, EmulatorProcess, child_env, spawn, torchrun_envs
 
     emu_args = ["--link-gbps", str(link_gbps)] if link_gbps else []
     with tempfile.TemporaryDirectory(prefix="overlap-") as tmp, EmulatorProcess(*emu_args) as emu:

@@ -57,8 +57,8 @@ def run(
     log=print,
 ) -> dict[str, Any]:
     """Serve ``jobs`` consecutive jobs; return RSS samples, timings and the final stats."""
+    from swemu.launch import EmulatorProcess
     from swemu.observe.stats import fetch_stats
-    from swemu.serving.launch import EmulatorProcess
 
     n = size // 4
     samples: list[dict[str, Any]] = []

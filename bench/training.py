@@ -23,8 +23,8 @@ buckets):
   (forward, backward, optimizer) under ``ddp.no_sync()`` — no communication —
   measured after training;
 - ``comm_s``: one allreduce of all the gradients at once, alone (no compute),
-  against the link-rate bound ``ideal_comm_s`` (bench/cluster.py's
-  :func:`~bench.cluster.ideal_time`: 8S/B for SwitchML, 2(W−1)/W · 8S/B for ring);
+  against the link-rate bound ``ideal_comm_s`` (swemu/rack/'s
+  :func:`~swemu.rack.ideal_time`: 8S/B for SwitchML, 2(W−1)/W · 8S/B for ring);
 - the loss curve (mean over ranks = the global batch's loss), the time to a fixed
   loss (``target_loss``; by default, per W, the loss every run of that W reached:
   the highest of their smoothed losses at 80 % of the steps), the final loss and
@@ -84,14 +84,14 @@ def run(
     speedups (see the module docstring for what is measured). ``partial``: a
     file rewritten with the rows so far after every run (what a failed or
     interrupted run leaves)."""
-    from .cluster import (
+    from swemu.rack import (
         SWITCH_CONTROL_PORT,
         SWITCH_UDP_PORT,
         Rack,
         Shaping,
-        _start_emulator,
         code_state,
         signals_as_exceptions,
+        start_emulator,
     )
 
     if steps <= WARMUP + SMOOTH:
@@ -121,7 +121,7 @@ def run(
         tempfile.TemporaryDirectory(prefix="training-") as tmp,
         Rack(max(workers)) as rack,
     ):
-        emu, _ = _start_emulator(rack, Path(tmp), nice=emulator_nice)
+        emu, _ = start_emulator(rack, Path(tmp), nice=emulator_nice)
         for rate in rates:
             rack.shape(Shaping(rate))
             for w in workers:
@@ -184,7 +184,7 @@ def _launch(
     rack: Any, w: int, env: dict[str, str], args: dict[str, Any], out: Path
 ) -> list[dict[str, Any]]:
     """Start the W ranks of one run in their namespaces and collect their JSON."""
-    from swemu.serving.launch import child_env
+    from swemu.launch import child_env
 
     out.mkdir()
     procs = []
@@ -214,7 +214,7 @@ def _launch(
             if p.stdout is not None:
                 p.stdout.close()
     if any(codes):
-        from .cluster import ClusterError
+        from swemu.rack import ClusterError
 
         failed = next(r for r, c in enumerate(codes) if c)
         lines = (out / f"{failed}.log").read_text(errors="replace").strip().splitlines()
@@ -229,7 +229,7 @@ def _row(
     ranks: list[dict[str, Any]], backend: str, w: int, rate: float, batch: int, rep: int
 ) -> dict[str, Any]:
     """One run's figures from its ranks' reports."""
-    from .cluster import ideal_time
+    from swemu.rack import ideal_time
 
     steps = [max(v) for v in zip(*(r["step_s"] for r in ranks))]
     med = statistics.median(steps[WARMUP:])
@@ -549,7 +549,7 @@ def _data(n: int, seed: int) -> tuple[Any, Any]:
 
 def _machine_and_emulator() -> tuple[float, float, float]:
     """(busy, total) CPU seconds of the machine and the emulator's CPU seconds."""
-    from .cluster import machine_cpu, process_cpu
+    from swemu.rack import machine_cpu, process_cpu
 
     busy, total = machine_cpu()
     pid = int(os.environ.get("BENCH_EMULATOR_PID") or 0)

@@ -4,6 +4,6 @@ One module per command, registered on the two root groups in :mod:`cli.main`;
 heavy imports happen inside the commands so that ``--help`` is instant.
 Argument parsing and terminal output only: the logic lives in the packages.
 
-May import: swemu, hostlib; bench only in the commands that run a benchmark
-(``simulate``, ``cluster``).
+May import: swemu, hostlib (``simulate`` runs swemu.model, ``cluster`` swemu.rack);
+nothing imports cli.
 """

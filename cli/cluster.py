@@ -1,7 +1,7 @@
 """``switchml cluster``: the SwitchML-vs-ring experiment on an emulated rack.
 
 ``switchml cluster run`` builds network namespaces joined by a bridge over
-rate-limited veth links (``bench/cluster.py``), runs the emulator in the switch's
+rate-limited veth links (``swemu/rack/``), runs the emulator in the switch's
 namespace and one worker per worker namespace, measures SwitchML, gloo ring
 allreduce and a parameter server interleaved, and writes a markdown table, a
 JSON file and a speedup plot. ``switchml cluster --cleanup`` removes what runs
@@ -44,7 +44,7 @@ def _sizes(ctx, param, value: str) -> tuple[int, ...]:
 
 
 def _methods(ctx, param, value: str) -> tuple[str, ...]:
-    from bench.cluster import METHODS
+    from swemu.rack import METHODS
 
     out = tuple(v.strip() for v in value.split(",") if v.strip())
     bad = [m for m in out if m not in METHODS]
@@ -69,7 +69,7 @@ def _methods(ctx, param, value: str) -> tuple[str, ...]:
 def cluster(ctx: click.Context, cleanup: bool, everything: bool) -> None:
     """Emulated rack: SwitchML vs gloo ring vs parameter server over shaped links."""
     if cleanup:
-        from bench.cluster import cleanup_leftovers
+        from swemu.rack import cleanup_leftovers
 
         _need_root()
         removed = cleanup_leftovers(everything=everything)
@@ -83,7 +83,7 @@ def cluster(ctx: click.Context, cleanup: bool, everything: bool) -> None:
 
 
 def _need_root() -> None:
-    from bench.cluster import namespaces_permitted
+    from swemu.rack import namespaces_permitted
 
     why = namespaces_permitted()
     if why:
@@ -219,7 +219,7 @@ def run(
     md_out,
 ) -> None:
     """Build the rack, measure every point interleaved, remove the rack."""
-    from bench import cluster as bc
+    from swemu import rack as bc
 
     config = bc.BenchConfig(
         rates_gbps=rates,

@@ -16,7 +16,7 @@ rather than compile them N times at once (a first run printed "compiling
 kernels (first run only)").
 
 Lifetime: every child (emulator, warm-up, workers, user commands) is started
-by :func:`swemu.serving.launch.spawn` and so is sent SIGTERM by the kernel if this
+by :func:`swemu.launch.spawn` and so is sent SIGTERM by the kernel if this
 process dies, even by SIGKILL. SIGHUP (the terminal closed) unwinds like
 SIGTERM and Ctrl-C: the workers are killed, the emulator stopped in order.
 """
@@ -114,8 +114,8 @@ def run(
     """Launch WORKERS workers; with -- COMMAND, run COMMAND as each worker."""
     import contextlib
 
+    from swemu.launch import EmulatorProcess
     from swemu.protocol.netutil import parse_address
-    from swemu.serving.launch import EmulatorProcess
 
     if control and not switch:
         raise CLIError("--control needs --switch (the data plane of the same switch)")
@@ -231,7 +231,7 @@ def _start_up(emu, dtype: str | None = None) -> None:
     import sys
     import time
 
-    from swemu.serving.launch import CHILD_CWD, child_env, spawn
+    from swemu.launch import CHILD_CWD, child_env, spawn
 
     from .worker import COMPILING, WARM_PREFIX
 
@@ -395,7 +395,7 @@ def _launch(
     import sys
     import time
 
-    from swemu.serving.launch import CHILD_CWD, child_env, spawn, torchrun_envs
+    from swemu.launch import CHILD_CWD, child_env, spawn, torchrun_envs
 
     from .worker import ITER_PREFIX, RESULT_PREFIX
 

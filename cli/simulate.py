@@ -5,7 +5,7 @@ over link rates and worker counts, with the pool size that fills the link and
 the emulator shards it would take), ``reproduce`` (the paper's settings: tables
 and the speedup plot), ``check`` (predict a real ``switchml run`` on this
 machine and run it). ``--calibrate`` re-measures our per-packet costs and writes
-the JSON the other subcommands load. The model itself is :mod:`bench.simulate`.
+the JSON the other subcommands load. The model itself is :mod:`swemu.model`.
 """
 
 from __future__ import annotations
@@ -18,16 +18,16 @@ import click
 from .terminal import SIZE, CLIError, terminal
 
 if TYPE_CHECKING:  # heavy modules load inside the commands, so --help stays instant
-    from bench.calibrate import Calibration
-    from bench.simulate import ModelProfile
+    from swemu.model import ModelProfile
+    from swemu.model.calibrate import Calibration
 
 #: ``--params`` accepts these names for the reproduction's models: the keys of
-#: :data:`bench.simulate.MODELS` (named here too, so that ``--help`` loads no model)
+#: :data:`swemu.model.MODELS` (named here too, so that ``--help`` loads no model)
 MODEL_NAMES = ("resnet50", "bert", "vgg19", "lstm")
 
 
 def _model(name: str) -> ModelProfile:
-    from bench import simulate as sim
+    from swemu import model as sim
 
     return sim.MODELS[name]()
 
@@ -112,7 +112,7 @@ def _write_json(path: str | None, data: object) -> None:
 
 
 def _calibration(path: str | None) -> Calibration:
-    from bench import calibrate
+    from swemu.model import calibrate
 
     try:
         return calibrate.load(path)
@@ -141,7 +141,7 @@ def simulate(ctx: click.Context, do_calibrate: bool, calibration: str | None) ->
     """Discrete-event model of SwitchML vs ring all-reduce vs a parameter server."""
     ctx.obj = {"calibration": calibration}
     if do_calibrate:
-        from bench import calibrate
+        from swemu.model import calibrate
 
         terminal.info("measuring per-packet costs, then a real run (about 30 s) ...")
         cal = calibrate.calibrate()
@@ -289,7 +289,7 @@ def allreduce(
     """One allreduce of PARAMS float32 gradients: the three methods side by side."""
     from rich.table import Table
 
-    from bench import simulate as sim
+    from swemu import model as sim
 
     net, res = sim.compare(
         params=params,
@@ -356,7 +356,7 @@ def what_if(
     """Predicted allreduce times, the pool that fills the link and the emulator it takes."""
     from rich.table import Table
 
-    from bench import simulate as sim
+    from swemu import model as sim
 
     cal = _calibration(ctx.obj.get("calibration"))
     nbytes = params * sim.PARAM_BYTES
@@ -440,7 +440,7 @@ def reproduce(figure, json_out, markdown) -> None:
     """The paper's settings: 8 workers, 10 and 100 Gbps, ResNet-50, BERT-base, VGG-19, LSTM."""
     import os
 
-    from bench import simulate as sim
+    from swemu import model as sim
 
     rows = sim.reproduction()
     scale = sim.scaling()
@@ -486,7 +486,7 @@ def check(ctx, workers, size, iters, from_json, background, json_out) -> None:
     """Predict `switchml run --workers N --size S` on this machine, run it, compare."""
     import json
 
-    from bench import calibrate
+    from swemu.model import calibrate
 
     cal = _calibration(ctx.obj.get("calibration"))
     measured = None

@@ -44,35 +44,14 @@ terminal = Terminal()
 
 
 def parse_size(text: str) -> int:
-    """``16Mi``, ``1MiB``, ``4k``, ``1000000`` -> an integer (binary or decimal suffixes)."""
-    t = text.strip().replace("_", "")
-    units = {
-        "": 1,
-        "k": 10**3,
-        "m": 10**6,
-        "g": 10**9,
-        "ki": 2**10,
-        "mi": 2**20,
-        "gi": 2**30,
-        "kib": 2**10,
-        "mib": 2**20,
-        "gib": 2**30,
-        "kb": 10**3,
-        "mb": 10**6,
-        "gb": 10**9,
-        "b": 1,
-    }
-    num = t.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
-    unit = t[len(num) :].lower()
-    if unit not in units or not num:
-        raise click.BadParameter(f"{text!r} is not a size (examples: 1000, 16Mi, 64MiB)")
+    """``16Mi``, ``1MiB``, ``4k``, ``1000000`` -> an integer (:func:`swemu.options.parse_size`);
+    :class:`click.BadParameter` for anything else."""
+    from swemu.options import parse_size as parse
+
     try:
-        value = float(num) * units[unit]
-    except ValueError:
-        raise click.BadParameter(f"{text!r} is not a size (examples: 1000, 16Mi, 64MiB)") from None
-    if value < 0 or value != int(value):
-        raise click.BadParameter(f"{text!r} must be a whole, non-negative number")
-    return int(value)
+        return parse(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 class SizeType(click.ParamType):

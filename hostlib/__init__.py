@@ -16,7 +16,7 @@ control plane. ::
     ctx = hostlib.from_env()          # inside `switchml run --workers N -- CMD`
 
 May import: swemu.protocol only (the pytest plugin, loaded by pytest, launches
-an emulator: swemu.serving.launch).
+an emulator: swemu.launch).
 """
 
 from __future__ import annotations

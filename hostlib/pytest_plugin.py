@@ -16,7 +16,7 @@ Installed with the package (entry point ``pytest11``), it provides:
 
 The emulator and the ranks end with the test session however it ends: a
 pytest process killed outright (a CI timeout's SIGKILL) takes them along
-(:func:`swemu.serving.launch.spawn`, :func:`swemu.serving.launch.die_with_parent`).
+(:func:`swemu.launch.spawn`, :func:`swemu.launch.die_with_parent`).
 
 Example::
 
@@ -55,7 +55,7 @@ def _rank_main(
     kwargs: dict,
     results: multiprocessing.Queue,
 ) -> None:
-    from swemu.serving.launch import die_with_parent
+    from swemu.launch import die_with_parent
 
     die_with_parent(parent)  # a test session killed outright takes its ranks along
     try:
@@ -126,7 +126,7 @@ class _Emulator:
 @pytest.fixture
 def switchml_emulator() -> Iterator[_Emulator]:
     """A real emulator on free loopback ports, stopped after the test."""
-    from swemu.serving.launch import EmulatorProcess
+    from swemu.launch import EmulatorProcess
 
     with EmulatorProcess() as proc:
         yield _Emulator(proc)

@@ -6,7 +6,8 @@ host library), ``swemu.core`` (the switch, sans-IO), ``swemu.observe`` (stats,
 metrics, TUI, captures) and ``swemu.serving`` (the switch on sockets and gRPC).
 This package is a facade: ``swemu.serve``, ``swemu.Emulator``,
 ``swemu.SwitchEngine`` and the rest load their modules lazily, so that
-importing the codec stays cheap. ``swemu.launch`` is the launcher's old address.
+importing the codec stays cheap. Beside the layers: ``swemu.launch`` (the launcher),
+``swemu.options``, ``swemu.model`` (the scale model), ``swemu.rack`` (the emulated rack).
 
 May import: its subpackages (lazily, by attribute).
 """

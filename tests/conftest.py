@@ -20,10 +20,10 @@ def _no_leftover_processes():
     launchers left, and at the end stop any child process a test left running
     (an interrupted test's ``finally`` may not have run), with a warning that
     names it. Children of a pytest that is killed outright end by themselves
-    (swemu.serving.launch.spawn, die_with_parent)."""
+    (swemu.launch.spawn, die_with_parent)."""
     import warnings
 
-    from swemu.serving.launch import sweep_stale_dirs
+    from swemu.launch import sweep_stale_dirs
 
     sweep_stale_dirs()
     yield

@@ -154,7 +154,7 @@ def test_decode_benchmark_smoke(tmp_path):
     # CPU next to wall time: in this process for the parsers, in the child for the command
     for r in data["results"]:
         assert r["cpu_s"] == pytest.approx(r["cpu_self_s"] + r["cpu_children_s"])
-        assert r["cpu_s"] >= 0 and r["cpu_per_wall"] == pytest.approx(r["cpu_s"] / r["seconds"])
+        assert r["cpu_per_wall"] == pytest.approx(r["cpu_s"] / r["seconds"])
     assert by["decode"]["cpu_self_s"] > 0 and by["decode"]["cpu_children_s"] == 0
     assert by["switchml-emu decode > /dev/null"]["cpu_children_s"] > 0
     table = markdown(data)

@@ -3,7 +3,7 @@ experiment â€” 2 workers, a small MLP, a few steps, one repetition per backend â
 checking the JSON's shape, that the two backends train the same model to the
 same loss, and that the rack is gone afterwards. No timing is asserted.
 
-Needs root and ``ip netns`` (the emulated rack of bench/cluster.py) and torch;
+Needs root and ``ip netns`` (the emulated rack of swemu/rack/) and torch;
 skipped with the reason otherwise. Takes about half a minute.
 """
 
@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from bench import cluster as bc
 from bench import training
+from swemu import rack as bc
 
 
 @pytest.fixture(scope="module")

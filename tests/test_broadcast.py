@@ -69,7 +69,7 @@ def _run_job(emu, session_id: int, inputs: list[np.ndarray], out: dict) -> None:
 
 @pytest.fixture(scope="module")
 def emulator():
-    from swemu.serving.launch import EmulatorProcess
+    from swemu.launch import EmulatorProcess
 
     with EmulatorProcess() as emu:
         yield emu

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from cli.main import emu, switchml
 from cli.terminal import parse_size
-from swemu.serving.launch import child_env
+from swemu.launch import child_env
 
 EMU = [sys.executable, "-c", "from cli.main import emu_main; emu_main()"]
 SWITCHML = [sys.executable, "-c", "from cli.main import switchml_main; switchml_main()"]
@@ -330,7 +330,7 @@ def test_run_unreachable_switch_says_no_result_ever_arrived(tmp_path):
     """Workers whose packets go nowhere (a data port nobody serves) say that not
     one result arrived from that address, not "N/M slots finished", and name
     the phase of the run, not the context's allreduce count."""
-    from swemu.serving.launch import EmulatorProcess
+    from swemu.launch import EmulatorProcess
 
     with EmulatorProcess() as emu:
         p = run(

@@ -1,4 +1,4 @@
-"""The emulated rack (``bench/cluster.py``, ``switchml cluster``): a real smoke run
+"""The emulated rack (``swemu/rack/``, ``switchml cluster``): a real smoke run
 in network namespaces, and proof that every namespace, veth, bridge and process
 it creates is gone afterwards — after success, an error, SIGTERM and a kill.
 
@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bench import cluster as bc
 from cli.main import switchml
 from cli.terminal import CLIError
-from swemu.serving.launch import child_env
+from swemu import rack as bc
+from swemu.launch import child_env
 
 SWITCHML = [sys.executable, "-c", "from cli.main import switchml_main; switchml_main()"]
 
@@ -102,7 +102,7 @@ def test_smoke_switchml_and_ring_on_shaped_links(netns):
 def _python_pids(ns: str) -> list[int]:
     """The Python processes inside the namespace ``ns`` (none if it is gone)."""
     pids = []
-    for pid in bc._netns_pids(ns):
+    for pid in bc.netns_pids(ns):
         try:
             if b"python" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 pids.append(pid)

@@ -518,7 +518,7 @@ def test_decode_cli_streams_and_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from swemu.serving.launch import child_env
+    from swemu.launch import child_env
 
     path = tmp_path / "big.pcap"
     n = 20_000

@@ -18,7 +18,7 @@ from workers import LENGTHS, rank_input
 import hostlib
 from hostlib.pytest_plugin import WorkerFailed, run_workers
 from hostlib.quant import error_bound
-from swemu.serving.launch import EmulatorProcess
+from swemu.launch import EmulatorProcess
 
 
 @pytest.fixture(scope="module")

@@ -43,7 +43,7 @@ def test_require_names_the_extra(monkeypatch):
 
 def refuse_to_start(monkeypatch):
     """Fail the test instead of building a rack, should the check let the run start."""
-    import bench.cluster as bc
+    import swemu.rack as bc
 
     def no(*args, **kwargs):
         raise AssertionError("the run started although a package it needs is missing")
@@ -73,7 +73,7 @@ def test_cluster_run_without_a_plot_needs_no_matplotlib(monkeypatch):
     if not available("torch"):
         pytest.skip("needs torch to get past the first check")
     started = []
-    import bench.cluster as bc
+    import swemu.rack as bc
 
     def stop(*args, **kwargs):
         started.append(True)

@@ -16,8 +16,8 @@ import pytest
 
 import hostlib
 from hostlib import fastpath
+from swemu.launch import EmulatorProcess
 from swemu.protocol import fastio, wire
-from swemu.serving.launch import EmulatorProcess
 
 pytestmark = pytest.mark.skipif(not fastio.AVAILABLE, reason="no recvmmsg/sendmmsg here")
 

@@ -1,5 +1,5 @@
 """Process hygiene: whatever way a launcher dies, its children die with it and
-no temporary directory is left behind (swemu.serving.launch, ``switchml run``, the
+no temporary directory is left behind (swemu.launch, ``switchml run``, the
 pytest plugin). Real processes, real signals; each child is followed by PID."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from swemu.serving import launch
-from swemu.serving.launch import child_env
+from swemu import launch
+from swemu.launch import child_env, process
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's"
@@ -114,7 +114,7 @@ def test_killed_during_emulator_start_leaves_no_directory(tmp_path):
     code = textwrap.dedent(
         """
         import sys
-        from swemu.serving.launch import EmulatorProcess
+        from swemu.launch import EmulatorProcess
         emu = EmulatorProcess()
         emu.startup_timeout = 600
         print("starting", flush=True)
@@ -157,11 +157,11 @@ def test_stale_directories_of_dead_launchers_are_swept(tmp_path):
 
 
 def test_spawned_child_dies_with_a_sigkilled_parent(tmp_path):
-    """swemu.serving.launch.spawn, as the library offers it: the grandchild gets SIGTERM."""
+    """swemu.launch.spawn, as the library offers it: the grandchild gets SIGTERM."""
     code = textwrap.dedent(
         """
         import sys, time
-        from swemu.serving.launch import spawn
+        from swemu.launch import spawn
         child = spawn([sys.executable, "-c", "import time; time.sleep(600)"])
         print(child.pid, flush=True)
         time.sleep(600)
@@ -219,18 +219,18 @@ def test_pytest_plugin_fixtures_die_with_a_killed_pytest(tmp_path):
 
 
 def test_numba_cache_goes_to_a_user_directory_for_a_read_only_install(tmp_path, monkeypatch):
-    package = Path(launch.__file__).resolve().parent
-    real = launch._writable
+    package = Path(process.__file__).resolve().parent
+    real = process._writable
     monkeypatch.setattr(
-        launch, "_writable", lambda p: not str(p).startswith(str(package)) and real(p)
+        process, "_writable", lambda p: not str(p).startswith(str(package)) and real(p)
     )
     monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     want = str(tmp_path / "cache" / "switchml-emu" / "numba")
-    assert launch.numba_cache_env() == {"NUMBA_CACHE_DIR": want}
+    assert process.numba_cache_env() == {"NUMBA_CACHE_DIR": want}
     assert child_env()["NUMBA_CACHE_DIR"] == want and Path(want).is_dir()
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "mine"))  # the user's choice stands
-    assert launch.numba_cache_env() == {}
-    monkeypatch.setattr(launch, "_writable", real)
+    assert process.numba_cache_env() == {}
+    monkeypatch.setattr(process, "_writable", real)
     monkeypatch.delenv("NUMBA_CACHE_DIR")
-    assert launch.numba_cache_env() == {}  # a writable checkout keeps the cache beside the sources
+    assert process.numba_cache_env() == {}  # a writable checkout keeps the cache beside the sources

@@ -21,16 +21,19 @@ The rules are the layout of issue 23 (docs/design.md, "Layout"):
                        TUI, pcap, decoder, scapy layer (they read plain dicts and
                        files; the server plugs them in, so they sit below it)
       swemu.serving    the switch on sockets and gRPC: data plane, server, shards,
-                       control services, launcher
+                       control services
       cli              argument parsing and terminal output
 
-  ``hostlib`` stands on ``swemu.protocol`` alone; ``p4`` (the Tofino target of
-  the control model, which can also serve it) on ``swemu.protocol``,
-  ``swemu.core`` and ``swemu.serving``; ``bench`` may use everything, and nothing imports ``bench``
-  but the commands that run it (``switchml simulate``, ``switchml cluster``);
+  ``swemu.launch`` (starting processes) and ``swemu.options`` (sizes, optional
+  extras) import nothing of the project; ``hostlib`` stands on ``swemu.protocol``
+  alone; ``swemu.model`` (the scale model) and ``swemu.rack`` (the emulated rack)
+  stand on the base, the launcher and hostlib; ``p4`` (the Tofino target of the
+  control model, which can also serve it) on ``swemu.protocol``, ``swemu.core``
+  and ``swemu.serving``; ``cli`` and ``bench`` are the tops: nothing imports
+  either, and bench never imports cli;
 * no cycle between modules, whatever kind of import closes it;
 * no private name (``_x``, or a module ``_x``) imported across packages;
-* every package's docstring says what it may import.
+* every package's docstring says what it may import, naming what ALLOWED gives it.
 
 A new import that breaks a rule fails here with the import and its line;
 ``python -c "import sys; sys.path.insert(0, 'tests'); import test_layout as T;
@@ -40,10 +43,13 @@ A new import that breaks a rule fails here with the import and its line;
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("swemu", "hostlib", "cli", "bench", "p4")
@@ -51,27 +57,29 @@ PACKAGES = ("swemu", "hostlib", "cli", "bench", "p4")
 #: the layers of the target layout, bottom first: a module of a layer may import
 #: its own layer and those listed for it (prefix match on dotted module names)
 ALLOWED: dict[str, tuple[str, ...]] = {
+    "swemu.launch": (),
+    "swemu.options": (),
     "swemu.protocol": (),
     "swemu.core": ("swemu.protocol",),
     "swemu.observe": ("swemu.protocol", "swemu.core"),
     "swemu.serving": ("swemu.protocol", "swemu.core", "swemu.observe"),
     "hostlib": ("swemu.protocol",),
     "p4": ("swemu.protocol", "swemu.core", "swemu.serving"),
+    "swemu.model": ("swemu.protocol", "swemu.core", "swemu.launch", "hostlib"),
+    "swemu.rack": ("swemu.protocol", "swemu.launch", "hostlib"),
     "cli": ("swemu", "hostlib", "cli"),
-    "bench": ("swemu", "hostlib", "cli", "p4", "bench"),
+    "bench": ("swemu", "hostlib", "p4", "bench"),
 }
 
 #: imports that cross a layer on purpose, each with its reason. (The package
-#: facade ``swemu/__init__.py`` and the ``swemu.launch`` shim stand outside the
-#: layers: their imports are not checked against them.)
+#: facade ``swemu/__init__.py`` stands outside the layers: its imports are not
+#: checked against them.)
 EXCEPTIONS: dict[tuple[str, str], str] = {
     # the pytest11 entry point users load: it launches an emulator for their
     # tests, lazily, inside its fixtures; nothing in hostlib imports it
-    ("hostlib.pytest_plugin", "swemu.serving.launch"): "launches the emulator for user tests",
+    ("hostlib.pytest_plugin", "swemu.launch"): "launches the emulator for user tests",
 }
 
-#: the only modules outside bench that may import bench: the commands that run it
-BENCH_ENTRIES = ("cli.simulate", "cli.cluster")
 
 MODULE, LAZY, TYPING = "module", "lazy", "typing"
 
@@ -284,11 +292,11 @@ def test_cycle_finder():
 
 def test_every_module_has_a_layer():
     """Every module of swemu sits in one of the layer packages (the package
-    facade ``swemu/__init__.py`` and the documented ``swemu.launch`` shim aside)."""
+    facade ``swemu/__init__.py`` aside)."""
     loose = [
         m
         for m in project_files()
-        if m.split(".")[0] == "swemu" and m not in ("swemu", "swemu.launch") and not layer_of(m)
+        if m.split(".")[0] == "swemu" and m != "swemu" and not layer_of(m)
     ]
     assert not loose, f"modules outside the layers: {loose}"
 
@@ -298,7 +306,7 @@ def test_imports_point_down_the_layers():
     for e in scan():
         src, dst = layer_of(e.source), layer_of(e.target)
         if src is None or src == dst or (e.source, e.target) in EXCEPTIONS:
-            continue  # the swemu facade and the swemu.launch shim stand outside the layers
+            continue  # the swemu facade stands outside the layers
         if dst == "bench":
             continue  # test_nothing_imports_bench
         if dst is None or not _within(e.target, ALLOWED[src]):
@@ -331,18 +339,31 @@ def test_hostlib_uses_the_bases_public_names():
 
 
 def test_nothing_imports_bench():
+    """bench is the top: the products it measures (``switchml simulate``,
+    ``switchml cluster``) live in swemu.model and swemu.rack."""
     wrong = [
         str(e)
         for e in scan()
-        if e.target.split(".")[0] == "bench"
-        and e.source.split(".")[0] != "bench"
-        and e.source not in BENCH_ENTRIES
+        if e.target.split(".")[0] == "bench" and e.source.split(".")[0] != "bench"
     ]
-    # and the commands that run bench stay thin: bench never imports them back
-    wrong += [
-        str(e) for e in scan() if e.source.split(".")[0] == "bench" and e.target in BENCH_ENTRIES
+    assert not wrong, "imports of bench:\n" + "\n".join(wrong)
+
+
+def test_nothing_below_cli_imports_cli():
+    """cli is argument parsing and terminal output over the library: no package
+    imports it (bench included: a command is run by its command line, e.g.
+    ``python -m cli.worker``, never imported)."""
+    wrong = [
+        str(e)
+        for e in scan()
+        if e.target.split(".")[0] == "cli" and e.source.split(".")[0] != "cli"
     ]
-    assert not wrong, "imports of bench (or of its commands by bench):\n" + "\n".join(wrong)
+    assert not wrong, "imports of cli from below it:\n" + "\n".join(wrong)
+
+
+def test_bench_imports_nothing_of_cli():
+    wrong = [str(e) for e in scan() if e.source.split(".")[0] == "bench" and e.target[:4] == "cli"]
+    assert not wrong, "bench importing cli:\n" + "\n".join(wrong)
 
 
 def test_no_import_cycles():
@@ -406,3 +427,22 @@ def test_no_constant_of_the_wire_format_is_defined_twice():
         if name in wire_names
     ]
     assert not copies, "\n".join(copies)
+
+
+def _may_import_line(module: str) -> str:
+    doc = ast.get_docstring(ast.parse(project_files()[module].read_text())) or ""
+    line = doc[doc.lower().index("may import") :] if "may import" in doc.lower() else ""
+    return " ".join(line.split())
+
+
+@pytest.mark.parametrize("layer", sorted(ALLOWED))
+def test_each_layers_docstring_names_what_it_may_import(layer):
+    """A layer package's "May import:" line names every layer ALLOWED gives it
+    (or says "nothing of the project"), so the docstring and this file agree."""
+    line = _may_import_line(layer)
+    assert line, f"{layer}: no 'May import:' line"
+    allowed = [a for a in ALLOWED[layer] if a != layer]
+    if not allowed:
+        assert "nothing of the project" in line, f"{layer}: {line!r}"
+    missing = [a for a in allowed if not re.search(rf"\b{re.escape(a)}\b", line)]
+    assert not missing, f"{layer}'s docstring does not name {missing}: {line!r}"

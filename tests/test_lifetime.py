@@ -27,12 +27,12 @@ from hostlib import AsyncContext, ControlPlaneError, Options
 from hostlib.control import ControlClient
 from swemu.core.controller import RegistrationError
 from swemu.core.engine import EngineConfig
+from swemu.launch import EmulatorProcess
 from swemu.observe.stats import fetch_stats
 from swemu.protocol import wire
 from swemu.protocol.proto import switchml_pb2 as pb
 from swemu.protocol.proto import switchml_pb2_grpc as pb_grpc
 from swemu.serving.control_plane import SessionService, SyncService, start_control_server
-from swemu.serving.launch import EmulatorProcess
 
 STARTUP_TIMEOUT = 180.0  # a cold Numba cache compiles in every shard at once
 

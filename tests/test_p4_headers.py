@@ -18,17 +18,15 @@ import functools
 import math
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from p4 import source
 from swemu.core.engine import EMULATOR_ONLY_ACTIONS, Action
 from swemu.protocol import wire
-
-P4_DIR = Path(__file__).resolve().parent.parent / "p4"
 
 
 # ----------------------------------------------------------------------------- reader
@@ -41,63 +39,9 @@ class Field:
     signed: bool
 
 
-def _strip_comments(text: str) -> str:
-    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
-    return re.sub(r"//[^\n]*", "", text)
-
-
-class P4Source:
-    """The P4 files of p4/, comment-free, with what these tests need from them."""
-
-    def __init__(self, directory: Path = P4_DIR) -> None:
-        self.files = {p.name: p.read_text() for p in sorted(directory.glob("*.p4"))}
-        self.text = "\n".join(_strip_comments(t) for t in self.files.values())
-        self.defines: dict[str, str] = {}
-        self.macros: dict[str, tuple[list[str], str]] = {}
-        for m in re.finditer(r"^\s*#define\s+(\w+)(\(([^)]*)\))?[ \t]*(.*)$", self.text, re.M):
-            name, has_args, args, body = m.groups()
-            if has_args:
-                self.macros[name] = ([a.strip() for a in args.split(",")], body.strip())
-            else:
-                self.defines[name] = body.strip()
-        self.consts = {
-            m.group(2): m.group(3).strip()
-            for m in re.finditer(
-                r"\bconst\s+(bit|int)<\s*\d+\s*>\s+(\w+)\s*=\s*([^;]+);", self.text
-            )
-        }
-        self.typedefs = {
-            m.group(3): (m.group(1), m.group(2))
-            for m in re.finditer(r"\btypedef\s+(bit|int)<([^>]+)>\s+(\w+)\s*;", self.text)
-        }
-
-    # -- values
-    def value(self, expr: str) -> int:
-        """Evaluate a constant expression: literals (``32w1``, ``0xBEE0``), named
-        constants and macros, and + - * << >> & | ~ with parentheses."""
-        expr = re.sub(r"\b\d+w(0x[0-9a-fA-F]+|\d+)\b", r"\1", expr)
-        for _ in range(10):  # names may refer to names
-            expr = re.sub(
-                r"\b[A-Za-z_]\w*\b",
-                lambda m: f"({self.defines.get(m.group(), self.consts.get(m.group(), m.group()))})",
-                expr,
-            )
-            if not re.search(r"[A-Za-z_]", re.sub(r"0x[0-9a-fA-F]+", "", expr)):
-                break
-        if not re.fullmatch(r"[\s0-9a-fA-Fx()+\-*<>&|~]*", expr):
-            raise ValueError(f"not a constant expression: {expr!r}")
-        return int(eval(expr, {"__builtins__": {}}))
-
-    def width(self, type_name: str) -> tuple[int, bool]:
-        """Bit width and signedness of ``bit<N>``, ``int<N>``, a typedef or a TNA type."""
-        m = re.fullmatch(r"(bit|int)<(.+)>", type_name)
-        if m:
-            return self.value(m.group(2)), m.group(1) == "int"
-        if type_name in self.typedefs:
-            kind, width = self.typedefs[type_name]
-            return self.value(width), kind == "int"
-        tna = {"PortId_t": 9, "MulticastGroupId_t": 16}
-        return tna[type_name], False
+class P4Source(source.P4Source):
+    """The P4 files of p4/ (the project's one reader, :mod:`p4.source`), with what
+    these tests need from them: headers in order and the decision tables."""
 
     def header(self, name: str) -> list[Field]:
         """The fields of ``header name { ... }``, in order."""
@@ -105,7 +49,7 @@ class P4Source:
         assert m, f"header {name} not found"
         fields = []
         for fm in re.finditer(r"([\w]+(?:<[^>]+>)?)\s+(\w+)\s*;", m.group(1)):
-            width, signed = self.width(fm.group(1))
+            width, signed = self.width_and_sign(fm.group(1))
             fields.append(Field(fm.group(2), width, signed))
         return fields
 
@@ -183,15 +127,7 @@ class Table:
 
 def _block(text: str, start: str) -> str:
     """The text inside the first ``{...}`` that follows the regex ``start``."""
-    m = re.search(start, text)
-    assert m, f"{start!r} not found"
-    i = text.index("{", m.end())
-    depth = 0
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[i + 1 : j]
-    raise AssertionError(f"unbalanced braces after {start!r}")
+    return source.block(text, start)
 
 
 def _split_top(text: str, sep: str) -> list[str]:
@@ -419,15 +355,15 @@ def test_constants_mirror_swemu_wire() -> None:
 
 def test_types_fit_the_constants() -> None:
     """Bitmaps have a bit per worker, ids address every worker, indices every entry."""
-    assert P4.width("worker_bitmap_t") == (P4.value("MAX_WORKERS"), False)
-    assert 1 << P4.width("worker_id_t")[0] == P4.value("MAX_WORKERS")
-    assert P4.width("slot_t") == (P4.value("SLOT_INDEX_BITS"), False)
-    assert P4.width("exponent_t") == (8, True)
+    assert P4.width_and_sign("worker_bitmap_t") == (P4.value("MAX_WORKERS"), False)
+    assert 1 << P4.width_and_sign("worker_id_t")[0] == P4.value("MAX_WORKERS")
+    assert P4.width_and_sign("slot_t") == (P4.value("SLOT_INDEX_BITS"), False)
+    assert P4.width_and_sign("exponent_t") == (8, True)
     assert 1 << P4.value("POOL_SLOT_BITS") == P4.value("NUM_POOL_SLOTS") <= wire.MAX_SLOTS
     assert P4.value("POOL_INDEX_BITS") == P4.value("POOL_SLOT_BITS") + 1
     assert P4.value("COUNTER_INDEX_BITS") == P4.value("JOB_ID_BITS") + 3
     assert P4.value("COUNTER_SIZE") == 1 << P4.value("COUNTER_INDEX_BITS")
-    assert 2 ** P4.width("count_t")[0] > P4.value("MAX_WORKERS")
+    assert 2 ** P4.width_and_sign("count_t")[0] > P4.value("MAX_WORKERS")
     assert sum(f.width for f in P4.header("switchml_md_h")) % 8 == 0
 
 
@@ -782,7 +718,7 @@ def test_top_level_includes_every_file() -> None:
 def test_brackets_balance() -> None:
     """A cheap syntax guard in lieu of a compiler: (), {} and <> of types balance."""
     for name, text in P4.files.items():
-        code = _strip_comments(text)
+        code = source.strip_comments(text)
         assert code.count("{") == code.count("}"), name
         assert code.count("(") == code.count(")"), name
         assert len(re.findall(r"\b(?:bit|int)<", code)) <= code.count(">"), name

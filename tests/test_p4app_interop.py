@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from swemu.serving.launch import CHILD_CWD, child_env
+from swemu.launch import CHILD_CWD, child_env
 
 TOOL_ENV = "SWITCHML_P4APP_CLIENT"
 SIZES = "1,63,64,65,255,256,257,1000,16385,100003,1000003"  # run.sh's default

@@ -14,7 +14,7 @@ from workers import rank_input
 from hostlib.pytest_plugin import run_workers
 from hostlib.quant import error_bound
 from hostlib.results import MIN_POOLED, ResultPool
-from swemu.serving.launch import EmulatorProcess
+from swemu.launch import EmulatorProcess
 
 N = MIN_POOLED // 4  # float32 / int32 elements of the smallest pooled result
 

@@ -25,12 +25,12 @@ from click.testing import CliRunner
 
 import swemu
 from cli.serve import serve
+from swemu.launch import EmulatorProcess
 from swemu.protocol import fastio, wire
 from swemu.protocol.netutil import format_mac, interface_mac, mac_of_ipv4, parse_mac
 from swemu.protocol.proto import switchml_pb2 as pb
 from swemu.protocol.proto import switchml_pb2_grpc as pb_grpc
 from swemu.serving import server
-from swemu.serving.launch import EmulatorProcess
 
 DEFAULT_MAC = wire.DEFAULT_SWITCH_MAC
 

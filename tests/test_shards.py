@@ -27,6 +27,7 @@ from hostlib.pytest_plugin import run_workers
 from hostlib.quant import error_bound
 from swemu.core.engine import Action, SwitchEngine, pool_bytes, shard_slots
 from swemu.core.reference import ReferenceSwitch
+from swemu.launch import EmulatorProcess
 from swemu.observe.metrics import render_metrics
 from swemu.observe.stats import fetch_stats
 from swemu.protocol import wire
@@ -34,7 +35,6 @@ from swemu.protocol.proto import emulator_pb2 as epb
 from swemu.protocol.proto import emulator_pb2_grpc as epb_grpc
 from swemu.protocol.proto import switchml_pb2 as pb
 from swemu.protocol.proto import switchml_pb2_grpc as pb_grpc
-from swemu.serving.launch import EmulatorProcess
 
 MAX_POOL_MEMORY = 1 << 20  # --max-pool-memory of the shared emulator
 #: With a cold Numba cache every shard compiles the kernels at once.

@@ -25,6 +25,7 @@ import hostlib
 import swemu
 from cli.main import emu as emu_cli
 from swemu.core.engine import EngineConfig
+from swemu.launch import EmulatorProcess, child_env
 from swemu.observe.metrics import CONTENT_TYPE, render_metrics
 from swemu.observe.pcap import read_pcap
 from swemu.observe.stats import EmulatorControlService, add_to_server, afetch_stats, fetch_stats
@@ -32,7 +33,6 @@ from swemu.protocol.proto import emulator_pb2 as epb
 from swemu.protocol.proto import emulator_pb2_grpc as epb_grpc
 from swemu.protocol.proto import switchml_pb2 as spb
 from swemu.protocol.proto import switchml_pb2_grpc as spb_grpc
-from swemu.serving.launch import EmulatorProcess, child_env
 
 W = 2
 LENGTH = 5000

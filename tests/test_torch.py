@@ -21,8 +21,8 @@ torch = pytest.importorskip("torch")
 
 from hostlib.pytest_plugin import run_workers  # noqa: E402
 from hostlib.quant import error_bound  # noqa: E402
+from swemu.launch import EmulatorProcess, child_env  # noqa: E402
 from swemu.protocol import wire  # noqa: E402
-from swemu.serving.launch import EmulatorProcess, child_env  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -23,8 +23,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from swemu.launch import EmulatorProcess, child_env  # noqa: E402
 from swemu.observe.stats import fetch_stats  # noqa: E402
-from swemu.serving.launch import EmulatorProcess, child_env  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

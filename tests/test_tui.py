@@ -26,6 +26,7 @@ import hostlib
 import swemu
 from cli.main import emu as emu_cli
 from swemu.core.engine import EngineConfig
+from swemu.launch import child_env
 from swemu.observe.stats import fetch_stats
 from swemu.observe.tui import (
     SPARK_BLOCKS,
@@ -41,7 +42,6 @@ from swemu.observe.tui import (
 )
 from swemu.protocol.proto import switchml_pb2 as spb
 from swemu.protocol.proto import switchml_pb2_grpc as spb_grpc
-from swemu.serving.launch import child_env
 
 W = 3
 RAW_SID = 4242  # the hand-made job with drops of every reason

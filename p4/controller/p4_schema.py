@@ -28,11 +28,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-P4_DIR = Path(__file__).resolve().parent.parent
+from p4.source import P4_DIR, P4Source, block
 
-#: TNA types the program uses without declaring them (tofino1_base.p4).
-TNA_WIDTHS = {"PortId_t": 9, "MulticastGroupId_t": 16, "bool": 1}
-#: Fields of TNA intrinsic metadata used as keys.
 TNA_FIELD_WIDTHS = {"eg_intr_md.egress_rid": 16, "ig_intr_md.ingress_port": 9}
 #: Control parameters that are the program's own structs.
 ROOT_TYPES = {"hdr": "header_t", "ig_md": "ingress_metadata_t", "eg_md": "egress_metadata_t"}
@@ -58,83 +55,9 @@ class TableSchema:
         return self.kind != "counter" and not self.const_entries
 
 
-def _strip_comments(text: str) -> str:
-    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
-    return re.sub(r"//[^\n]*", "", text)
-
-
-def _block(text: str, start: int) -> str:
-    """The text between the brace at or after ``start`` and its matching brace."""
-    i = text.index("{", start)
-    depth = 0
-    for j in range(i, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i + 1 : j]
-    raise ValueError("unbalanced braces in the P4 source")
-
-
-class P4Program:
-    """The P4 sources of a directory, with constants, types and controls resolved."""
-
-    def __init__(self, directory: Path | str = P4_DIR) -> None:
-        files = sorted(Path(directory).glob("*.p4"))
-        if not files:
-            raise FileNotFoundError(f"no .p4 files in {directory}")
-        self.text = "\n".join(_strip_comments(p.read_text()) for p in files)
-        self.defines = {
-            m.group(1): m.group(2).strip()
-            for m in re.finditer(r"^\s*#define\s+(\w+)[ \t]+([^\n(][^\n]*)$", self.text, re.M)
-        }
-        self.consts = {
-            m.group(1): m.group(2).strip()
-            for m in re.finditer(r"\bconst\s+\w+(?:<[^>]*>)?\s+(\w+)\s*=\s*([^;]+);", self.text)
-        }
-        self.typedefs = {
-            m.group(2): m.group(1)
-            for m in re.finditer(r"\btypedef\s+(?:bit|int)<([^>]+)>\s+(\w+)\s*;", self.text)
-        }
-        # structs and headers: name -> [(member type, member name)]
-        self.structs = {
-            m.group(2): re.findall(r"([A-Za-z_]\w*(?:<[^>]*>)?)\s+(\w+)\s*;", m.group(3))
-            for m in re.finditer(r"\b(struct|header)\s+(\w+)\s*\{([^}]*)\}", self.text)
-        }
-        self.controls = {
-            m.group(1): _block(self.text, m.end())
-            for m in re.finditer(r"\bcontrol\s+(\w+)\s*\(", self.text)
-        }
-
-    def value(self, expr: str) -> int:
-        """A constant expression of literals, macros and consts (+ - * << >> parentheses)."""
-        for _ in range(10):
-            new = re.sub(
-                r"\b[A-Za-z_]\w*\b",
-                lambda m: (
-                    f"({self.defines.get(m.group(0), self.consts.get(m.group(0), m.group(0)))})"
-                ),
-                expr,
-            )
-            if new == expr:
-                break
-            expr = new
-        expr = re.sub(r"\b\d+w(0x[0-9a-fA-F]+|\d+)\b", r"\1", expr)
-        if not re.fullmatch(r"[\s\d()xXa-fA-F+\-*<>]+", expr):
-            raise ValueError(f"not a constant expression: {expr}")
-        return int(eval(expr, {"__builtins__": {}}))  # digits and operators only
-
-    def width(self, type_name: str) -> int:
-        """Bits of a ``bit<N>`` typedef, a ``bit<N>`` literal type or a TNA type."""
-        m = re.fullmatch(r"(?:bit|int)<(.+)>", type_name.strip())
-        if m:
-            return self.value(m.group(1))
-        if type_name in self.typedefs:
-            return self.value(self.typedefs[type_name])
-        if type_name in TNA_WIDTHS:
-            return TNA_WIDTHS[type_name]
-        raise KeyError(f"unknown type {type_name}")
+class P4Program(P4Source):
+    """The P4 sources of a directory (:class:`p4.source.P4Source`), read for the
+    tables, registers and counters BF Runtime exposes."""
 
     def field_width(self, path: str) -> int | None:
         """Bits of a key field (``hdr.ipv4.src_addr``, ``hdr.arp.$valid``), or None
@@ -188,7 +111,7 @@ class P4Program:
                 self._collect(m.group(1), gress, f"{path}.{m.group(2)}", out)
         actions = self._actions(body)
         for m in re.finditer(r"\btable\s+(\w+)\s*\{", body):
-            tbody = _block(body, m.start())
+            tbody = block(body, m.start())
             key_text = re.search(r"\bkey\s*=\s*\{([^}]*)\}", tbody)
             keys = {}
             for km in re.finditer(

@@ -1,6 +1,6 @@
-"""One worker of the emulated rack (``bench/cluster.py``), run inside its namespace.
+"""One worker of the emulated rack (``swemu/rack/``), run inside its namespace.
 
-Started once per run with ``ip netns exec <worker ns> python -m bench.cluster_worker``,
+Started once per run with ``ip netns exec <worker ns> python -m swemu.rack.worker``,
 it joins every world the run measures — a hostlib context (SwitchML session) and a
 gloo subgroup of ranks ``0 .. W-1`` for each W it belongs to — so that all worker
 counts, link rates, sizes and methods can be interleaved without restarting

@@ -1,6 +1,6 @@
 """Measure what one packet costs in *our* implementation, on this machine.
 
-The simulator (:mod:`bench.simulate`) predicts the emulator's own loopback
+The simulator (:mod:`swemu.model`) predicts the emulator's own loopback
 setup and says how many emulator shards a real link would need from these
 numbers (seconds):
 
@@ -29,7 +29,7 @@ allreduce (no sockets, no waiting) with batches of 64 and of 1 datagram. The
 kernels are warmed first (Numba, ``cache=True``). Costs are *CPU* time of the
 measuring thread (``time.thread_time``), so that other load on a shared machine
 does not inflate them, and the best of ``repeats`` runs; contention is the
-model's job (:func:`bench.simulate.simulate_loopback`), not the calibration's. Scheduler
+model's job (:func:`swemu.model.loopback.simulate_loopback`), not the calibration's. Scheduler
 behaviour beyond that model, and spurious retransmissions of a starved worker,
 show up as the prediction error in ``switchml simulate check``.
 
@@ -54,7 +54,7 @@ from pathlib import Path
 import numpy as np
 
 #: Where ``--calibrate`` writes and later runs read (override with SWITCHML_CALIBRATION).
-DEFAULT_PATH = Path(__file__).resolve().parent / "results" / "calibration.json"
+DEFAULT_PATH = Path(__file__).resolve().parents[2] / "bench" / "results" / "calibration.json"
 
 
 @dataclass(frozen=True)
@@ -498,7 +498,7 @@ def measure_in_situ(
 ) -> tuple[float, float]:
     """Run a local emulator and ``workers`` worker processes as ``switchml run``
     does and return ``(emulator, worker)`` real CPU per allreduce divided by what
-    :func:`bench.simulate.simulate_loopback` charges with ``cal``'s costs.
+    :func:`swemu.model.loopback.simulate_loopback` charges with ``cal``'s costs.
 
     The emulator's CPU is read from ``/proc`` around the workers' whole life
     (its own start-up excluded; the workers' warm-up and line-up calls are
@@ -507,9 +507,9 @@ def measure_in_situ(
     import random
     import statistics
 
-    from swemu.serving.launch import EmulatorProcess, child_env
+    from swemu.launch import EmulatorProcess, child_env
 
-    from .simulate import simulate_loopback
+    from .loopback import simulate_loopback
 
     base = {"switch_in_situ": 1.0, "host_in_situ": 1.0}
     model = simulate_loopback(
@@ -652,7 +652,7 @@ def run_switchml(
     emulator, its default size code 6 and window 128) and return its JSON report."""
     import tempfile
 
-    from swemu.serving.launch import child_env
+    from swemu.launch import child_env
 
     with tempfile.TemporaryDirectory(prefix="switchml-check-") as tmp:
         out = Path(tmp) / "run.json"
@@ -701,7 +701,7 @@ def check(
     """
     import statistics
 
-    from .simulate import simulate_loopback
+    from .loopback import simulate_loopback
 
     cores = os.cpu_count() or 1
     before = background_load() if background is None else background

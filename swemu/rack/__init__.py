@@ -1,0 +1,102 @@
+"""The paper's experiment on one machine: an emulated rack with rate-limited links.
+
+Topology (all inside network namespaces this module creates, named with a
+per-run prefix ``swml<pid>-``)::
+
+    ns <p>w0: veth <p>0w 10.201.0.10 ─┐                 ┌─ ns <p>sw: bridge <p>br 10.201.0.1
+    ns <p>w1: veth <p>1w 10.201.0.11 ─┼── port <p>0s ───┤   (the emulator serves here)
+    ...                               └── port <p>1s ───┘
+
+Every worker has one veth pair to the switch namespace, whose far end is a port of
+a Linux bridge; each direction is shaped with ``tc tbf`` on its egress (worker end:
+worker→switch, bridge port: switch→worker), optionally with ``netem`` delay/loss
+under it. The emulator listens on the bridge's address, so SwitchML packets cross
+the worker's two shaped links exactly as they would cross a ToR switch's ports, and
+the workers' gloo TCP traffic crosses the same bridge (uplink of the sender,
+downlink of the receiver). Nothing leaves the namespaces: the addresses
+(10.201.0.0/24 by default) exist only there, and there is no route out.
+
+:class:`Rack` builds and removes the namespaces; :func:`run_benchmark` starts the
+emulator in the switch namespace and one :mod:`swemu.rack.worker` per worker
+namespace, then measures SwitchML, gloo ring allreduce, a parameter server and one
+shaped link, interleaved, with CPU counters sampled around every timed collective.
+:func:`summarize`, :func:`markdown_table` and :func:`plot_speedup` turn the records
+into the artefacts ``switchml cluster run`` writes. :func:`cleanup_leftovers`
+removes what killed runs left behind.
+
+Needs root (``ip netns``), iproute2's ``ip`` and ``tc``, and the ``tbf`` qdisc
+(``netem`` only for ``delay``/``loss``).
+
+One module per job: :mod:`.netns` (namespaces, leftovers, signals), :mod:`.rack`
+(building and shaping the rack), :mod:`.cpu` (CPU counters), :mod:`.runner`
+(the run and its records), :mod:`.worker` (the program each worker namespace
+runs), :mod:`.analysis` (summaries, the table), :mod:`.plot`, :mod:`.results`
+(the JSON). ``switchml cluster`` is the command; the training benchmarks
+(``python -m bench training``) build on :class:`Rack` and :func:`start_emulator`.
+
+May import: swemu.protocol, swemu.launch, hostlib (the worker program). The
+emulator and the workers are started by command lines, not imported.
+"""
+
+from __future__ import annotations
+
+from .analysis import FAITHFUL_EFFICIENCY, faithful_up_to, markdown_table, speedups, summarize
+from .cpu import CPUSample, machine_cpu, process_cpu, udp_errors
+from .netns import (
+    ETH_HEADER,
+    GLOO_PORT,
+    METHODS,
+    PREFIX_RE,
+    SWITCH_CONTROL_PORT,
+    SWITCH_UDP_PORT,
+    ClusterError,
+    Interrupted,
+    cleanup_leftovers,
+    default_prefix,
+    leftovers,
+    list_namespaces,
+    namespaces_permitted,
+    netns_pids,
+    signals_as_exceptions,
+)
+from .plot import plot_speedup
+from .rack import Rack, Shaping
+from .results import code_state, write_json
+from .runner import BenchConfig, Record, ideal_time, run_benchmark, start_emulator
+
+__all__ = [
+    "ETH_HEADER",
+    "FAITHFUL_EFFICIENCY",
+    "GLOO_PORT",
+    "METHODS",
+    "PREFIX_RE",
+    "SWITCH_CONTROL_PORT",
+    "SWITCH_UDP_PORT",
+    "BenchConfig",
+    "CPUSample",
+    "ClusterError",
+    "Interrupted",
+    "Rack",
+    "Record",
+    "Shaping",
+    "cleanup_leftovers",
+    "code_state",
+    "default_prefix",
+    "faithful_up_to",
+    "ideal_time",
+    "leftovers",
+    "list_namespaces",
+    "machine_cpu",
+    "markdown_table",
+    "namespaces_permitted",
+    "netns_pids",
+    "plot_speedup",
+    "process_cpu",
+    "run_benchmark",
+    "signals_as_exceptions",
+    "speedups",
+    "start_emulator",
+    "summarize",
+    "udp_errors",
+    "write_json",
+]
