@@ -33,6 +33,7 @@ pytest.importorskip("tensorflow", reason="needs the tensorflow extra (pip instal
 
 from swemu.serving.launch import child_env
 
+pytestmark = pytest.mark.tensorflow
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "tensorflow_worker.py"
 W = 3
