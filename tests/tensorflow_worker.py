@@ -180,7 +180,10 @@ def make_model(seed: int) -> keras.Model:
 # other weights, so only the broadcast makes the replicas equal
 model = make_model(100 + RANK)
 initial = model.get_weights()
-model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(LR)), loss="mse")
+# jit_compile=True: the callbacks must turn XLA off, or fit fails
+model.compile(
+    optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(LR)), loss="mse", jit_compile=True
+)
 history = model.fit(
     X[shard],
     Y[shard],

@@ -123,7 +123,7 @@ def test_fit_matches_one_process_on_the_concatenated_batches(ranks):
     assert len({f["digest"] for f in fits}) == 1
     for f in fits:
         assert f["optimizer"] == "SGD" and f["iterations"] == 8
-        assert f["jit_compile"] is False  # the callbacks turned XLA off
+        assert f["jit_compile"] is False  # compiled with True: the callbacks turned XLA off
         # MetricAverageCallback: the epoch losses are the ranks' average, which is
         # the loss of the concatenated batches
         np.testing.assert_allclose(f["loss"], ref["loss"], rtol=1e-5)

@@ -38,6 +38,13 @@ May import: hostlib, swemu.protocol, tensorflow and keras. This package is the
 only part of hostlib that imports TensorFlow; ``import hostlib`` never does.
 """
 
+try:
+    import tensorflow  # noqa: F401
+except ImportError as exc:
+    raise ImportError(
+        'hostlib.tensorflow needs TensorFlow: pip install "switchml-emu[tensorflow]"'
+    ) from exc
+
 from . import callbacks
 from .ops import (
     Average,

@@ -2,8 +2,9 @@
 and ``hvd.callbacks.MetricAverageCallback``.
 
 Both also turn XLA off for the model they are given (``jit_compile=False``, the
-train function made again): Keras 3 compiles a model with XLA by default where
-it can, and XLA cannot run the switch calls (``tf.numpy_function``) that
+train function made again): Keras 3 compiles a model with XLA when asked
+(``jit_compile=True``) and by default on a machine with a GPU, and XLA cannot run
+the switch calls (``tf.numpy_function``) that
 :func:`hostlib.tensorflow.DistributedOptimizer` adds to the train step.
 """
 
