@@ -245,9 +245,10 @@ def _sum_on_switch(
         x = x * np.float32(prescale)
     total = job.run(job.ctx.allreduce, x)
     if floating:
-        factor = postscale / job.size if average else postscale
-        if factor != 1.0:
-            total *= np.float32(factor)
+        if average and job.size > 1:
+            total /= np.float32(job.size)
+        if postscale != 1.0:
+            total *= np.float32(postscale)
         return total
     if average and job.size > 1:
         # int32 sums are exact in float64: truncate toward zero, as an integer division
@@ -315,12 +316,6 @@ def _op_of(op: str | None, average: bool | None) -> str:
     return op
 
 
-def _dense(t: Any) -> tf.Tensor:
-    if isinstance(t, tf.IndexedSlices):  # sparse gradients (embeddings) travel dense
-        return tf.convert_to_tensor(t)
-    return tf.convert_to_tensor(t)
-
-
 @_not_autograph
 def _grouped(
     tensors: Sequence[Any],
@@ -334,7 +329,8 @@ def _grouped(
     """Allreduce ``tensors`` with one switch call per wire type (float32, int32)."""
     job = _require()
     _check_graph("allreduce")
-    dense = [_dense(t) for t in tensors]
+    # IndexedSlices (an embedding's sparse gradient) become dense tensors here
+    dense = [tf.convert_to_tensor(t) for t in tensors]
     packed = [compression.compress(t) for t in dense]
     values = [p[0] for p in packed]
     for t in values:
