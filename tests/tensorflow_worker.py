@@ -61,6 +61,25 @@ report.update(
 )
 
 
+# count the switch calls (each fused call is one), by wrapping the job's runner
+job = hvd.ops._job
+switch_calls: list[int] = []
+_run = job.run
+
+
+def counting_run(fn, *args):
+    if fn == job.ctx.allreduce:
+        switch_calls.append(args[0].size)
+    return _run(fn, *args)
+
+
+job.run = counting_run
+
+
+def calls_since(mark: int) -> int:
+    return len(switch_calls) - mark
+
+
 # -- allreduce --------------------------------------------------------------------
 def inputs(r: int) -> tuple[np.ndarray, np.ndarray]:
     """Rank r's float32 and int32 inputs (any rank can make every rank's)."""
@@ -116,10 +135,13 @@ report["int32"] = {
 # fused call of three types
 half = tf.constant(mine[:100], tf.float16)
 double = tf.constant(mine[:100].astype(np.float64))
+mark = len(switch_calls)
 g = hvd.grouped_allreduce([half, tf.constant(ints[2:50]), double], op=hvd.Sum)
+grouped_calls = calls_since(mark)
 exact16 = sum(inputs(r)[0][:100].astype(np.float16).astype(np.float64) for r in range(W))
 report["grouped"] = {
     "dtypes": [t.dtype.name for t in g],
+    "switch_calls": grouped_calls,  # one float32 call for float16 + float64, one int32
     "int32_exact": bool(np.array_equal(g[1].numpy(), exact_int[2:50].astype(np.int32))),
     # float16: the bound, plus the rounding of the result to float16 (2^-11)
     "float16_excess": float(
@@ -142,7 +164,9 @@ variables = [
     tf.Variable(np.array([RANK % 2 == 0, True, False])),
     tf.Variable(np.full((2, 3), RANK, np.float64) / 3),
 ]
+mark = len(switch_calls)
 hvd.broadcast_variables(variables, root_rank=1)
+report["broadcast_variables_calls"] = calls_since(mark)
 report["broadcast_variables"] = [digest(v.numpy()) for v in variables]
 report["broadcast_variables_root"] = [
     digest(a)
@@ -184,6 +208,7 @@ initial = model.get_weights()
 model.compile(
     optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(LR)), loss="mse", jit_compile=True
 )
+mark = len(switch_calls)
 history = model.fit(
     X[shard],
     Y[shard],
@@ -204,6 +229,7 @@ report["fit"] = {
     "weights": blob(fit_weights),
     "digest": digest(np.concatenate([w.reshape(-1) for w in fit_weights])),
     "iterations": int(model.optimizer.iterations.numpy()),
+    "switch_calls": calls_since(mark),
 }
 
 # a custom loop: DistributedGradientTape inside a tf.function, replicas made equal
@@ -225,6 +251,7 @@ def train_step(x, y):
     return loss
 
 
+mark = len(switch_calls)
 for k in range(STEPS):
     rows = shard[k * B : (k + 1) * B]
     train_step(tf.constant(X[rows]), tf.constant(Y[rows]))
@@ -232,6 +259,7 @@ loop_weights = loop_model.get_weights()
 report["tape"] = {
     "weights": blob(loop_weights),
     "digest": digest(np.concatenate([w.reshape(-1) for w in loop_weights])),
+    "switch_calls": calls_since(mark),
 }
 
 hvd.shutdown()

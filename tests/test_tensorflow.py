@@ -103,6 +103,7 @@ def test_grouped_allreduce_keeps_each_tensors_type(ranks):
         g = r["grouped"]
         assert g["dtypes"] == ["float16", "int32", "float64"]
         assert g["int32_exact"]
+        assert g["switch_calls"] == 2  # fused: float32 (float16, float64), int32
         assert g["float16_excess"] <= 1.0 and g["float64_excess"] <= 1.0, g
         assert "int32" in r["int64_error"] and "int64" in r["int64_error"]
 
@@ -113,6 +114,7 @@ def test_broadcast_is_bit_exact(ranks):
     tf.function."""
     for r in ranks:
         assert r["broadcast_variables"] == r["broadcast_variables_root"]
+        assert r["broadcast_variables_calls"] == 1  # five variables, four dtypes: fused
         assert r["broadcast"] == [r["broadcast_root"]] * 2
 
 
@@ -123,6 +125,8 @@ def test_fit_matches_one_process_on_the_concatenated_batches(ranks):
     assert len({f["digest"] for f in fits}) == 1
     for f in fits:
         assert f["optimizer"] == "SGD" and f["iterations"] == 8
+        # one broadcast, one fused call per step (4 gradient tensors), one per epoch's logs
+        assert f["switch_calls"] == 1 + 8 + 2
         assert f["jit_compile"] is False  # compiled with True: the callbacks turned XLA off
         # MetricAverageCallback: the epoch losses are the ranks' average, which is
         # the loss of the concatenated batches
@@ -135,6 +139,7 @@ def test_fit_matches_one_process_on_the_concatenated_batches(ranks):
 
 def test_distributed_gradient_tape_in_a_custom_loop(ranks):
     tapes = [r["tape"] for r in ranks]
+    assert all(t["switch_calls"] == 4 for t in tapes)  # one fused call per step
     assert len({t["digest"] for t in tapes}) == 1
     want = weights(ranks[0]["reference"]["tape"])
     np.testing.assert_allclose(weights(tapes[0]["weights"]), want, rtol=0, atol=ATOL)
