@@ -135,8 +135,8 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
 
 
 def shutdown() -> None:
-    """Leave the job (the last rank to leave frees it on the switch). :func:`init`
-    may be called again afterwards, in a new job of every rank."""
+    """Leave the job (the last rank to leave frees it on the switch); called at
+    interpreter exit too. Collectives after it raise :class:`NotInitializedError`."""
     global _job
     with _lock:
         job, _job = _job, None
@@ -234,9 +234,12 @@ class Compression:
 
 
 def _sum_on_switch(
-    job: _Job, flat: np.ndarray, average: bool, prescale: float, postscale: float
+    flat: np.ndarray, average: bool, prescale: float, postscale: float
 ) -> np.ndarray:
-    """One switch allreduce of a flat float32 or int32 array (a new array)."""
+    """One switch allreduce of a flat float32 or int32 array (a new array). The
+    job is looked up when the call runs, not when a ``tf.function`` was traced,
+    so that a traced function run after ``shutdown()`` fails with a clear error."""
+    job = _require()
     x = np.ascontiguousarray(flat)
     if x.size == 0:
         return x.copy()
@@ -256,9 +259,10 @@ def _sum_on_switch(
     return total
 
 
-def _broadcast_bytes(job: _Job, arrays: Sequence[np.ndarray], root_rank: int) -> list[np.ndarray]:
+def _broadcast_bytes(arrays: Sequence[np.ndarray], root_rank: int) -> list[np.ndarray]:
     """The root's ``arrays``, bit for bit, on every rank: the root sends their
     bytes as int32 words, the others zeros, and the switch's sum is the root's."""
+    job = _require()
     arrays = [np.asarray(a, order="C") for a in arrays]  # 0-d stays 0-d
     nbytes = [a.nbytes for a in arrays]
     total = sum(nbytes)
@@ -327,7 +331,7 @@ def _grouped(
     name: str | None = None,
 ) -> list[tf.Tensor]:
     """Allreduce ``tensors`` with one switch call per wire type (float32, int32)."""
-    job = _require()
+    _require()  # fail now, not when the graph runs
     _check_graph("allreduce")
     # IndexedSlices (an embedding's sparse gradient) become dense tensors here
     dense = [tf.convert_to_tensor(t) for t in tensors]
@@ -349,7 +353,7 @@ def _grouped(
         flat = tf.concat(parts, 0) if len(parts) > 1 else parts[0]
 
         def reduce(x: np.ndarray, _average: bool = average) -> np.ndarray:
-            return _sum_on_switch(job, x, _average, prescale_factor, postscale_factor)
+            return _sum_on_switch(x, _average, prescale_factor, postscale_factor)
 
         summed = tf.numpy_function(reduce, [flat], wire, stateful=True, name=name)
         summed = tf.ensure_shape(summed, flat.shape)
@@ -427,7 +431,7 @@ def _broadcast_tensors(tensors: Sequence[tf.Tensor], root_rank: int) -> list[tf.
         return []
 
     def bcast(*arrays: np.ndarray) -> list[np.ndarray]:
-        return _broadcast_bytes(job, arrays, root_rank)
+        return _broadcast_bytes(arrays, root_rank)
 
     out = tf.numpy_function(bcast, list(tensors), [t.dtype for t in tensors], stateful=True)
     if not isinstance(out, list | tuple):  # one output comes back alone
