@@ -45,7 +45,6 @@ def main() -> None:
     args = p.parse_args()
 
     hvd.init()
-    tf.config.threading.set_inter_op_parallelism_threads(1)
 
     x, y = make_data(8192, seed=1)
     x_test, y_test = make_data(2048, seed=2)
