@@ -15,6 +15,10 @@ control plane. ::
 
     ctx = hostlib.from_env()          # inside `switchml run --workers N -- CMD`
 
+Integrations: :mod:`hostlib.torch` (a torch.distributed backend and a DDP hook)
+and :mod:`hostlib.tensorflow` (TensorFlow/Keras with Horovod's API); only they
+import torch or TensorFlow, so ``import hostlib`` needs neither.
+
 May import: swemu.protocol only (the pytest plugin, loaded by pytest, launches
 an emulator: swemu.launch).
 """
