@@ -31,7 +31,7 @@ import pytest
 
 pytest.importorskip("tensorflow", reason="needs the tensorflow extra (pip install .[tensorflow])")
 
-from swemu.serving.launch import child_env
+from swemu.launch import child_env
 
 pytestmark = pytest.mark.tensorflow
 HERE = Path(__file__).resolve().parent
