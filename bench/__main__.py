@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     cp.add_argument(
         "--models",
         default=None,
-        help="HIDDENxLAYERS@BATCH,... (default 2048x3@16,512x4@128: comm- and compute-heavy)",
+        help="HIDDENxLAYERS@BATCH,... (default 2048x3@16,512x4@512: comm- and compute-heavy)",
     )
     cp.add_argument(
         "--methods", default=None, help="a comma list of " + "switchml,gloo,fp16,powersgd,topk,qsgd"

@@ -323,8 +323,8 @@ class Model:
 
 
 #: a communication-heavy model (bench/TRAINING.md's: 19 MB of gradients, 16 samples per
-#: rank) and a compute-heavy one (2.6 MB of gradients, 128 samples per rank)
-DEFAULT_MODELS = ("2048x3@16", "512x4@128")
+#: rank) and a compute-heavy one (2.6 MB of gradients, 512 samples per rank)
+DEFAULT_MODELS = ("2048x3@16", "512x4@512")
 
 
 # ------------------------------------------------------------------ the driver
@@ -600,6 +600,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             if gloo:
                 s["speedup_vs_gloo"] = gloo["median_step_s"] / s["median_step_s"]
                 s["bytes_vs_gloo"] = s["sent_bytes_per_step"] / gloo["sent_bytes_per_step"]
+                s["loss_minus_gloo"] = s["final_loss"] - gloo["final_loss"]
             out.append(s)
     return out
 
@@ -622,16 +623,16 @@ def markdown(data: dict[str, Any]) -> str:
         f"feedback, QSGD {c['qsgd_levels']} levels per {c['qsgd_bucket']} values, PowerSGD "
         f"rank {c['powersgd_rank']} from step {c['powersgd_start']}",
         "",
-        "| site | model (params) | method | step ms | speedup vs gloo | MB sent / step / worker "
-        "(counted) | MB on the wire (veth tx) | bytes vs gloo | codec ms / step | final loss "
-        "| accuracy |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| site | model (params) | method | step ms | speedup vs gloo | compute ms "
+        "| MB sent / step / worker (counted) | MB on the wire (veth tx) | bytes vs gloo "
+        "| codec ms / step | final loss | accuracy |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in data["summary"]:
         lines.append(
             f"| {_site_name(s['site'])} | {s['model']} ({s['params'] / 1e6:.2f} M) "
             f"| {s['method']} | {_f(s['median_step_s'], '.0f', 1e3)} "
-            f"| {_f(s.get('speedup_vs_gloo'), '.2f')}× "
+            f"| {_f(s.get('speedup_vs_gloo'), '.2f')}× | {_f(s['compute_s'], '.0f', 1e3)} "
             f"| {_f(s['sent_bytes_per_step'], '.3f', 1e-6)} "
             f"| {_f(s['wire_tx_bytes_per_step'], '.3f', 1e-6)} "
             f"| {_f(s.get('bytes_vs_gloo'), '.3f')} "
@@ -694,7 +695,7 @@ def plot_methods(data: dict[str, Any], path: Path) -> None:
         for ax, key, scale in (
             (axes[0], "median_step_s", 1e3),
             (axes[1], "sent_bytes_per_step", 1e-6),
-            (axes[2], "final_loss", 1.0),
+            (axes[2], "loss_minus_gloo", 1.0),
         ):
             vals = []
             for g in groups:
@@ -702,7 +703,7 @@ def plot_methods(data: dict[str, Any], path: Path) -> None:
                     (s for s in summary if (s["site"], s["model"]) == g and s["method"] == method),
                     None,
                 )
-                vals.append(s[key] * scale if s and s[key] is not None else 0.0)
+                vals.append(s[key] * scale if s and s.get(key) is not None else 0.0)
             ax.bar(
                 [i + (j - (len(methods) - 1) / 2) * width for i in range(len(groups))],
                 vals,
@@ -712,12 +713,18 @@ def plot_methods(data: dict[str, Any], path: Path) -> None:
             )
     labels = [f"{_site_name(site)}\n{model}" for site, model in groups]
     for ax, title in zip(
-        axes, ("median step (ms)", "MB sent per step per worker", "final loss (lower is better)")
+        axes,
+        (
+            "median step (ms)",
+            "MB sent per step per worker (log)",
+            "final loss − gloo's (> 0: worse)",
+        ),
     ):
         ax.set_xticks(range(len(groups)))
         ax.set_xticklabels(labels, fontsize=7)
         ax.set_title(title)
     axes[1].set_yscale("log")
+    axes[2].axhline(0.0, color="grey", lw=0.5)
     axes[0].legend(fontsize=7)
     c = data["config"]
     fig.suptitle(
