@@ -650,6 +650,8 @@ def merge(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     rows = [r for d in docs for r in d["results"]]
     config = dict(docs[0]["config"])
     config["sites"] = [s for d in docs for s in d["config"]["sites"]]
+    reps = sorted({d["config"]["reps"] for d in docs})
+    config["reps"] = reps[0] if len(reps) == 1 else f"{reps[0]}–{reps[-1]}"
     return {
         "config": config,
         "runs": [{k: d[k] for k in ("config", "code", "machine") if k in d} for d in docs],
