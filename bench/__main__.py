@@ -175,6 +175,43 @@ def main(argv: list[str] | None = None) -> int:
     )
     tr.add_argument("--no-plot", action="store_true", help="no PNG (matplotlib not needed)")
     tr.add_argument("--out", type=Path, default=Path("bench/results"))
+    cp = sub.add_parser(
+        "compression",
+        help="DDP: switchml vs gloo vs fp16 / PowerSGD / top-k / QSGD compression (rack: root)",
+    )
+    cp.add_argument("--workers", type=int, default=4)
+    cp.add_argument(
+        "--rates",
+        type=lambda t: [x if x == "lo" else float(x) for x in t.split(",") if x],
+        default=[1.0, 0.5],
+        help="link rates in Gbit/s on the emulated rack, and/or lo (loopback, no shaping)",
+    )
+    cp.add_argument(
+        "--models",
+        default=None,
+        help="HIDDENxLAYERS@BATCH,... (default 2048x3@16,512x4@512: comm- and compute-heavy)",
+    )
+    cp.add_argument(
+        "--methods", default=None, help="a comma list of " + "switchml,gloo,fp16,powersgd,topk,qsgd"
+    )
+    cp.add_argument("--steps", type=int, default=30, help="training steps per run")
+    cp.add_argument("--reps", type=int, default=1, help="runs per method and point")
+    cp.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (momentum 0.9)")
+    cp.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: loopback, 2 workers, a 256x2@8 MLP, 8 steps (timed from 3)",
+    )
+    cp.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="no run: merge these JSON files (one per site) into one table and plot",
+    )
+    cp.add_argument("--name", default="compression", help="file names: NAME.json/.md/.png")
+    cp.add_argument("--no-plot", action="store_true", help="no PNG (matplotlib not needed)")
+    cp.add_argument("--out", type=Path, default=Path("bench/results"))
     args = p.parse_args(argv)
 
     if args.what == "allreduce":
@@ -327,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
         print(training.markdown(data))
         print("written: " + ", ".join(map(str, paths)), file=sys.stderr)
         return 0
+    if args.what == "compression":
+        return _compression(args)
     if args.what == "identity":
         from . import identity
 
@@ -352,6 +391,57 @@ def main(argv: list[str] | None = None) -> int:
         )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "switch.json").write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+def _compression(args: argparse.Namespace) -> int:
+    """``python -m bench compression``: run (or ``--merge``), write, print the table."""
+    import json
+
+    from cli.extras import require
+    from cli.terminal import CLIError
+
+    if args.merge:
+        from . import compression
+
+        data = compression.merge([json.loads(f.read_text()) for f in args.merge])
+    else:
+        require("torch", "python -m bench compression")
+        if not args.no_plot:  # checked now, not after a long run
+            require("matplotlib", "python -m bench compression's plot (or --no-plot)")
+        from . import compression
+
+        try:
+            models = [compression.Model.parse(m) for m in (args.models or "").split(",") if m]
+            sites, workers, steps = args.rates, args.workers, args.steps
+            timing: dict = {}
+            if args.quick:
+                sites, workers, steps = ["lo"], 2, 8
+                models = models or [compression.Model(256, 2, 8)]
+                timing = {"timed_from": 3, "powersgd_start": 3}
+            models = models or [compression.Model.parse(m) for m in compression.DEFAULT_MODELS]
+            if any(s != "lo" for s in sites):
+                why = compression.rack_lib.namespaces_permitted()
+                if why:
+                    raise CLIError(f"the emulated rack is unavailable ({why}); use --rates lo")
+            methods = args.methods.split(",") if args.methods else compression.METHODS
+            data = compression.run(
+                sites,
+                models,
+                workers=workers,
+                methods=methods,
+                steps=steps,
+                reps=args.reps,
+                lr=args.lr,
+                partial=args.out / f"{args.name}.partial.json",
+                log=lambda m: print(m, file=sys.stderr),
+                **timing,
+            )
+        except (compression.rack_lib.ClusterError, ValueError) as exc:
+            raise CLIError(str(exc)) from None
+    paths = compression.write_outputs(data, args.out, name=args.name, plot=not args.no_plot)
+    print(compression.markdown(data))
+    print("written: " + ", ".join(map(str, paths)), file=sys.stderr)
     return 0
 
 

@@ -181,9 +181,15 @@ def run(
 
 
 def _launch(
-    rack: Any, w: int, env: dict[str, str], args: dict[str, Any], out: Path
+    rack: Any,
+    w: int,
+    env: dict[str, str],
+    args: dict[str, Any],
+    out: Path,
+    module: str = "bench.training",
 ) -> list[dict[str, Any]]:
-    """Start the W ranks of one run in their namespaces and collect their JSON."""
+    """Start the W ranks of one run in their namespaces (``python -m module
+    ARGS_JSON OUT_JSON``, bench/compression.py's workers too) and collect their JSON."""
     from swemu.launch import child_env
 
     out.mkdir()
@@ -195,7 +201,7 @@ def _launch(
             LOCAL_RANK="0",
             GLOO_SOCKET_IFNAME=rack.worker_if(r),
         )
-        argv = [sys.executable, "-m", "bench.training", json.dumps(args), str(out / f"{r}.json")]
+        argv = [sys.executable, "-m", module, json.dumps(args), str(out / f"{r}.json")]
         procs.append(
             rack.popen(
                 rack.worker_ns(r),
@@ -532,6 +538,20 @@ def plot_speedup(data: dict[str, Any], path: Path) -> None:
 
 
 # --------------------------------------------------------------------- worker
+def build_model(hidden: int, layers: int) -> Any:
+    """The MLP every rank starts from: ``layers`` linear layers (DIM → hidden …
+    → CLASSES) with ReLU, initialised from seed 0 (the same weights everywhere)."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    mods: list[nn.Module] = [nn.Linear(DIM, hidden), nn.ReLU()]
+    for _ in range(layers - 2):
+        mods += [nn.Linear(hidden, hidden), nn.ReLU()]
+    mods.append(nn.Linear(hidden, CLASSES))
+    return nn.Sequential(*mods)
+
+
 def _data(n: int, seed: int) -> tuple[Any, Any]:
     """``n`` samples of the synthetic task (the same on every rank for a seed)."""
     import torch
@@ -570,15 +590,10 @@ def _worker(argv: list[str]) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(cfg["backend"])
     rank, w = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(0)
-    mods: list[nn.Module] = [nn.Linear(DIM, hidden), nn.ReLU()]
-    for _ in range(layers - 2):
-        mods += [nn.Linear(hidden, hidden), nn.ReLU()]
-    mods.append(nn.Linear(hidden, CLASSES))
     # gradients as views of DDP's buckets: no copy into and out of the buckets around
     # every allreduce (the same for both backends; PyTorch's advice for speed)
     ddp = nn.parallel.DistributedDataParallel(
-        nn.Sequential(*mods), bucket_cap_mb=cfg["bucket_mb"], gradient_as_bucket_view=True
+        build_model(hidden, layers), bucket_cap_mb=cfg["bucket_mb"], gradient_as_bucket_view=True
     )
     opt = torch.optim.SGD(ddp.parameters(), lr=cfg["lr"], momentum=0.9)
     x, y = _data(steps * batch * w, seed=1)
