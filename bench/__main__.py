@@ -398,8 +398,7 @@ def _compression(args: argparse.Namespace) -> int:
     """``python -m bench compression``: run (or ``--merge``), write, print the table."""
     import json
 
-    from cli.extras import require
-    from cli.terminal import CLIError
+    from swemu.options import require
 
     if args.merge:
         from . import compression
@@ -423,7 +422,7 @@ def _compression(args: argparse.Namespace) -> int:
             if any(s != "lo" for s in sites):
                 why = compression.rack_lib.namespaces_permitted()
                 if why:
-                    raise CLIError(f"the emulated rack is unavailable ({why}); use --rates lo")
+                    raise BenchError(f"the emulated rack is unavailable ({why}); use --rates lo")
             methods = args.methods.split(",") if args.methods else compression.METHODS
             data = compression.run(
                 sites,
@@ -438,7 +437,7 @@ def _compression(args: argparse.Namespace) -> int:
                 **timing,
             )
         except (compression.rack_lib.ClusterError, ValueError) as exc:
-            raise CLIError(str(exc)) from None
+            raise BenchError(str(exc)) from None
     paths = compression.write_outputs(data, args.out, name=args.name, plot=not args.no_plot)
     print(compression.markdown(data))
     print("written: " + ", ".join(map(str, paths)), file=sys.stderr)
