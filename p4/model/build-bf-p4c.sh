@@ -80,6 +80,22 @@ patch_sources() {
   # p4c's own patch for Z3 (its uninstall target clashes with p4c's); FetchContent applies
   # it only when it downloads Z3 itself.
   apply_patch "$src/z3" z3-uninstall <"$p4c/cmake/z3.patch"
+  # g++ 12's std::erase_if on a map hands the predicate a const element: take it const.
+  apply_patch "$p4c" ir-visitor-erase-if-const <<'EOF'
+--- a/ir/visitor.cpp
++++ b/ir/visitor.cpp
+@@ -644,8 +644,8 @@
+     applySetupJoinPoints(root);
+ #if DEBUG_FLOW_JOIN
+     erase_if(*flow_join_points,
+-             [this](flow_join_points_t::value_type &el) { return el.second.count == 0; });
++             [](const flow_join_points_t::value_type &el) { return el.second.count == 0; });
+ #endif
+     erase_if(*flow_join_points,
+-             [this](flow_join_points_t::value_type &el) { return filter_join_point(el.first); });
++             [this](const flow_join_points_t::value_type &el) { return filter_join_point(el.first); });
+ }
+EOF
   # p4c #5753: Tofino 1 parsers lose their match registers (every select takes its first
   # transition) because bind_use keeps only the scratch-register slices. Keep the others.
   apply_patch "$p4c" p4c-5753-parser-match-registers <<'EOF'
