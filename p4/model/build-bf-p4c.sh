@@ -42,6 +42,8 @@ while (($#)); do
     --background) background=1; shift ;;
     --status)
       cat "${BUILD_DIR}/STATUS" 2>/dev/null || echo "no build in $BUILD_DIR"
+      progress=$(grep -aoE '^\[ *[0-9]+%\]' "$BUILD_DIR/build.log" 2>/dev/null | tail -n 1 || true)
+      echo "compile progress (make's last figure): ${progress:-none yet}"
       tail -n 5 "$BUILD_DIR/build.log" 2>/dev/null || true
       exit 0 ;;
     -h | --help) sed -n '2,19p' "$0"; exit 0 ;;
@@ -138,7 +140,9 @@ configure() {
 }
 
 compile() {
-  PATH=$BUILD_DIR/venv/bin:$PATH cmake --build "$BUILD_DIR/build" -j "$jobs"
+  # -k: one failing translation unit does not stop the others (an unattended build gets
+  # as far as it can; after a fix, a re-run compiles only what is left).
+  PATH=$BUILD_DIR/venv/bin:$PATH cmake --build "$BUILD_DIR/build" -j "$jobs" -- -k
 }
 
 check() {

@@ -59,6 +59,8 @@ while (($#)); do
     --allow-missing) allow_missing=1; shift ;;
     --status)
       cat "${BUILD_DIR}/STATUS" 2>/dev/null || echo "no build in $BUILD_DIR"
+      progress=$(grep -aoE '^\[ *[0-9]+%\]' "$BUILD_DIR/build.log" 2>/dev/null | tail -n 1 || true)
+      echo "compile progress (make's last figure): ${progress:-none yet}"
       tail -n 5 "$BUILD_DIR/build.log" 2>/dev/null || true
       exit 0 ;;
     -h | --help) sed -n '2,23p' "$0"; exit 0 ;;

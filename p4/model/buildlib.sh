@@ -168,6 +168,9 @@ run_background() {
   grep -q '^first_started: ' "$BUILD_DIR/STATUS" || status first_started "$(date '+%F %T')"
   status log "$BUILD_DIR/build.log"
   status exit "running"
+  # The last run's figures describe that run only (a killed run leaves none).
+  grep -vE '^(peak_memory|wall_clock): ' "$BUILD_DIR/STATUS" >"$BUILD_DIR/STATUS.tmp" || true
+  mv "$BUILD_DIR/STATUS.tmp" "$BUILD_DIR/STATUS"
   # shellcheck disable=SC2016
   setsid nohup "${prio[@]}" bash -c '
     dir=$1; shift
