@@ -58,9 +58,9 @@ step() {
   log "step $name: done"
 }
 
-# fetch_src NAME OWNER/REPO REV DEST [submodules]: clone DEST at REV (once).
+# fetch_src NAME OWNER/REPO REV DEST: DEST checked out at REV (cloned once).
 fetch_src() {
-  local name=$1 slug=$2 rev=$3 dest=$4 subs=${5:-}
+  local name=$1 slug=$2 rev=$3 dest=$4
   local override_var="SRC_${name^^}" origin
   override_var=${override_var//-/_}
   local override=${!override_var:-}
@@ -86,9 +86,6 @@ fetch_src() {
   if ! git -C "$dest" -c advice.detachedHead=false checkout -q -f "$rev" 2>/dev/null; then
     checkout_without_missing "$dest" "$rev"
   fi
-  if [[ $subs == submodules ]]; then
-    init_submodules "$dest"
-  fi
 }
 
 # checkout_without_missing DIR REV: check REV out leaving out the files whose contents the
@@ -105,25 +102,6 @@ checkout_without_missing() {
   log "$(basename "$dest"): $(wc -l <<<"$paths") files absent from the mirror left out: $(head -3 <<<"$paths" | tr '\n' ' ')"
   git -C "$dest" sparse-checkout set --no-cone '/*' $(sed 's|^|!/|' <<<"$paths")
   git -C "$dest" -c advice.detachedHead=false checkout -q -f "$rev"
-}
-
-# init_submodules DIR: each submodule from GIT_BASE (its GitHub owner/name), recursively.
-init_submodules() {
-  local dir=$1 path url slug sha
-  [[ -f $dir/.gitmodules ]] || return 0
-  git -C "$dir" config -f .gitmodules --get-regexp '^submodule\..*\.path$' |
-    while read -r key path; do
-      url=$(git -C "$dir" config -f .gitmodules --get "${key%.path}.url")
-      slug=${url#*github.com/}
-      slug=${slug%.git}
-      sha=$(git -C "$dir" ls-tree HEAD "$path" | awk '{print $3}')
-      [[ -n $sha ]] || continue
-      if [[ -e $dir/$path/.git ]] && [[ $(git -C "$dir/$path" rev-parse HEAD 2>/dev/null) == "$sha" ]]; then
-        continue
-      fi
-      local sub_name=${slug#*/}
-      fetch_src "$sub_name" "$slug" "$sha" "$dir/$path" submodules
-    done
 }
 
 # apply_patch DIR NAME: apply the unified diff on stdin to DIR once (stamp NAME).
