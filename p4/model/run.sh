@@ -98,7 +98,8 @@ ports_json=$out/ports.json
   echo ']}'
 } >"$ports_json"
 
-# bf_switchd's conf file: one Tofino 1 device, one program on all four pipes.
+# bf_switchd's conf file: one Tofino 1 device, one program on all four pipes; no platform
+# agent (agent0: bf-platforms' libpltfm_mgr.so, built only for an ASIC with its BSP).
 conf=$out/switchml.conf
 cat >"$conf" <<EOF
 {
@@ -119,8 +120,7 @@ cat >"$conf" <<EOF
         "pipe_scope": [0, 1, 2, 3],
         "path": "$program"
       }]
-    }],
-    "agent0": "lib/libpltfm_mgr.so"
+    }]
   }]
 }
 EOF
