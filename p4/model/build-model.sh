@@ -218,6 +218,7 @@ if [[ -n $missing ]]; then
   status step "compile, partial: make -k without the missing files (since $(date '+%F %T'))"
   compile
   status step "partial: compiled what does not need the missing files; re-run when they are there"
+  status disk "$(du -sh "$BUILD_DIR" | cut -f1)"
   log "stopped before install: missing $(echo $missing)"
   exit 0
 fi
