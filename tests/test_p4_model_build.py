@@ -105,3 +105,13 @@ def test_jobs_are_capped_by_memory(tmp_path: Path) -> None:
     nproc = int(subprocess.run(["nproc"], capture_output=True, text=True).stdout)
     assert 1 <= by_3 <= nproc
     assert by_huge == 1
+
+
+def test_a_patch_already_in_the_sources_is_left_alone(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f.txt").write_text("first\nchanged\n")
+    r = bash(f"apply_patch {src} p <<'EOF'\n{PATCH}EOF", tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "patch p: the sources have it already" in r.stdout
+    assert (src / "f.txt").read_text() == "first\nchanged\n"

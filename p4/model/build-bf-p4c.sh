@@ -22,8 +22,9 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=p4/model/buildlib.sh
 . "$here/buildlib.sh"
 
-# Pinned revisions: p4c and the dependency revisions its CMake files name.
-P4C_REV=34b86e9bacb932c799aaf1b83495ce1e386ea047
+# Pinned revisions: p4c and the dependency revisions its CMake files name. P4C_REV may be
+# set to a later p4c (one with #5753 and #5750 upstream); its dependency pins may differ.
+P4C_REV=${P4C_REV:-34b86e9bacb932c799aaf1b83495ce1e386ea047}
 ABSEIL_REV=20240722.1
 PROTOBUF_REV=v25.3
 Z3_REV=z3-4.13.3

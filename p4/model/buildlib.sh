@@ -104,20 +104,24 @@ checkout_without_missing() {
   git -C "$dest" -c advice.detachedHead=false checkout -q -f "$rev"
 }
 
-# apply_patch DIR NAME: apply the unified diff on stdin to DIR once (stamp NAME).
+# apply_patch DIR NAME: apply the unified diff on stdin to DIR once (stamp NAME); a
+# source that has the change already (a later upstream revision) is left as it is.
 apply_patch() {
   local dir=$1 name=$2 diff
   diff=$(cat)
   if [[ -e $BUILD_DIR/stamps/patch-$name ]]; then
     return 0
   fi
-  if ! patch -d "$dir" -p1 --forward --dry-run -s <<<"$diff" >/dev/null; then
+  if patch -d "$dir" -p1 --reverse --dry-run -s -f <<<"$diff" >/dev/null 2>&1; then
+    log "patch $name: the sources have it already"
+  elif patch -d "$dir" -p1 --forward --dry-run -s <<<"$diff" >/dev/null; then
+    patch -d "$dir" -p1 --forward -s <<<"$diff"
+    log "patch $name applied"
+  else
     die "patch $name does not apply to $dir"
   fi
-  patch -d "$dir" -p1 --forward -s <<<"$diff"
   mkdir -p "$BUILD_DIR/stamps"
   touch "$BUILD_DIR/stamps/patch-$name"
-  log "patch $name applied"
 }
 
 # finish: the wall time, disk use and (with time.txt) peak memory into STATUS.
