@@ -19,7 +19,7 @@
 
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=p4/model/buildlib.sh
+# shellcheck source-path=SCRIPTDIR source=buildlib.sh
 . "$here/buildlib.sh"
 
 # Pinned revisions: p4c and the dependency revisions its CMake files name. P4C_REV may be

@@ -23,7 +23,7 @@
 
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=p4/model/buildlib.sh
+# shellcheck source-path=SCRIPTDIR source=buildlib.sh
 . "$here/buildlib.sh"
 
 OPEN_P4STUDIO_REV=1f97778f9ad5c8165bfce552fffe27c69887756b # 9.13.4
@@ -84,11 +84,11 @@ install=$BUILD_DIR/install
 log "open-p4studio model build in $BUILD_DIR, $jobs jobs"
 
 check_packages() {
-  local missing=()
+  local absent=() p
   for p in "${DEBIAN_PACKAGES[@]}"; do
-    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+    dpkg -s "$p" >/dev/null 2>&1 || absent+=("$p")
   done
-  ((${#missing[@]} == 0)) || die "Debian packages missing: apt-get install ${missing[*]}"
+  ((${#absent[@]} == 0)) || die "Debian packages missing: apt-get install ${absent[*]}"
 }
 
 get_sources() {
@@ -204,13 +204,14 @@ if ((!allow_missing)) && [[ -s $BUILD_DIR/placeholders ]]; then
   rm -rf "$BUILD_DIR/build"
 fi
 step sources get_sources
-missing=$(missing_large_files)
+missing=$(missing_large_files | tr '\n' ' ')
+missing=${missing% }
 if [[ -n $missing ]]; then
-  status missing_files "$(echo $missing)"
+  status missing_files "$missing"
   if ((!allow_missing)); then
-    die "the checkout lacks open-p4studio's large files: $(echo $missing) (clone from GitHub, or --allow-missing to compile the rest)"
+    die "the checkout lacks open-p4studio's large files: $missing (clone from GitHub, or --allow-missing to compile the rest)"
   fi
-  log "going on without: $(echo $missing)"
+  log "going on without: $missing"
 fi
 patch_sources
 step configure configure
@@ -219,7 +220,7 @@ if [[ -n $missing ]]; then
   compile
   status step "partial: compiled what does not need the missing files; re-run when they are there"
   status disk "$(du -sh "$BUILD_DIR" | cut -f1)"
-  log "stopped before install: missing $(echo $missing)"
+  log "stopped before install: missing $missing"
   exit 0
 fi
 step compile compile

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared helpers of build-bf-p4c.sh and build-model.sh (sourced, not run).
 #
 # A build lives in one persistent directory outside the repository ($BUILD_DIR):
@@ -100,7 +101,9 @@ checkout_without_missing() {
   paths=$(git -C "$dest" ls-tree -r "$rev" | awk '$2 == "blob"' |
     grep -F -f <(echo "$missing") | cut -f2-)
   log "$(basename "$dest"): $(wc -l <<<"$paths") files absent from the mirror left out: $(head -3 <<<"$paths" | tr '\n' ' ')"
-  git -C "$dest" sparse-checkout set --no-cone '/*' $(sed 's|^|!/|' <<<"$paths")
+  local patterns=('/*') path
+  while IFS= read -r path; do patterns+=("!/$path"); done <<<"$paths"
+  git -C "$dest" sparse-checkout set --no-cone "${patterns[@]}"
   git -C "$dest" -c advice.detachedHead=false checkout -q -f "$rev"
 }
 

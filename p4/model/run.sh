@@ -92,7 +92,8 @@ ports_json=$out/ports.json
     ip -n "$netns" link set "mgmt$i" master br-mgmt up
     ip -n "$w" addr add "192.168.99.$((i + 1))/24" dev mgmt
     ip -n "$w" link set mgmt up
-    sep=$([[ $i -lt $((workers - 1)) ]] && echo , || true)
+    sep=,
+    ((i < workers - 1)) || sep=
     echo "  {\"device_port\": $((4 * i)), \"veth1\": $((2 * i)), \"veth2\": $((2 * i + 1))}$sep"
   done
   echo ']}'
