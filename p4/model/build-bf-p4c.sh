@@ -121,8 +121,11 @@ EOF
 }
 
 python_env() {
+  # jsl, jsonschema, pyyaml: the schema and driver scripts; pyinstaller: the
+  # p4c-build-logs tool, which the target that copies the driver (p4c_driver)
+  # depends on -- without it the build dir's p4c_src lacks driver.py.
   python3 -m venv "$BUILD_DIR/venv"
-  "$BUILD_DIR/venv/bin/pip" install -q jsl jsonschema pyyaml
+  "$BUILD_DIR/venv/bin/pip" install -q jsl jsonschema pyyaml pyinstaller
 }
 
 configure() {
