@@ -69,7 +69,7 @@ def _child(part: str, dtype: str) -> dict[str, Any]:
         try:
             from swemu.core.engine import warmup
             from swemu.serving.dataplane import warmup as dataplane_warmup
-        except ImportError:  # a --tree from before issue 23's layout move
+        except ImportError:  # an older --tree: swemu.engine, swemu.dataplane
             warmup = importlib.import_module("swemu.engine").warmup
             dataplane_warmup = importlib.import_module("swemu.dataplane").warmup
 
@@ -80,7 +80,7 @@ def _child(part: str, dtype: str) -> dict[str, Any]:
         # (``python -m cli.worker --warm-up DTYPE``), in this process
         import runpy
 
-        for module in ("cli.worker", "cli._worker"):  # a --tree from before issue 23: _worker
+        for module in ("cli.worker", "cli._worker"):  # an older --tree has cli._worker
             if importlib.util.find_spec(module) is None:
                 continue
             sys.argv = [module, "--warm-up", dtype]

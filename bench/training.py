@@ -1,7 +1,7 @@
 """``python -m bench training``: DDP training on the emulated rack, the ``switchml``
 backend against gloo's ring, same seeds and hyperparameters, interleaved.
 
-Issue 20's rack experiment (results and method in bench/TRAINING.md). It builds the
+The rack experiment (results and method in bench/TRAINING.md). It builds the
 rack of ``switchml cluster`` (network namespaces, a bridge, tbf-shaped links; needs
 root), runs one emulator in the switch's namespace (at niceness −10 by default, as
 ``switchml cluster run``: a switch has its own silicon and must not queue behind
