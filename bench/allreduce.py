@@ -21,7 +21,11 @@ methods take turns in one invocation, so the machine's noise hits them alike:
 * For each repetition, for each size, every method runs once; the order of the
   methods alternates between repetitions. The report is the median over
   repetitions, and every method's ratio to gloo's ring ``all_reduce`` of the
-  same size in the same run.
+  same size in the same run, two ways: the ratio of the medians, and the median
+  of the per-repetition ratios (``paired``: each call against gloo's call of
+  the same repetition, seconds apart). On a shared machine whose speed drifts
+  over tens of seconds, whole repetitions are slow for every method alike; the
+  paired ratio cancels that drift, the ratio of medians does not.
 
 Methods:
 
@@ -490,6 +494,9 @@ def run(
                             method=m,
                             goodput_gbps=size * 8 / row["median_s"] / 1e9,
                             ratio_to_gloo=row["median_s"] / gloo["median_s"],
+                            paired_ratio_to_gloo=paired_ratio(
+                                calls[(load, m, size)], calls[(load, GLOO, size)]
+                            ),
                             cpu_ratio_to_gloo=(
                                 row["cpu_s"] / gloo["cpu_s"]
                                 if row["cpu_s"] is not None and gloo["cpu_s"]
@@ -520,6 +527,12 @@ def run(
         "loadavg_start": loadavg_start,
         "loadavg_end": _loadavg(),
     }
+
+
+def paired_ratio(calls: list[dict], gloo_calls: list[dict]) -> float:
+    """The median over repetitions of a call's time over gloo's call of the same
+    repetition (the lists are in repetition order, one call each)."""
+    return statistics.median(c["time"] / g["time"] for c, g in zip(calls, gloo_calls, strict=True))
 
 
 def _summary(calls: list[dict]) -> dict:
@@ -565,7 +578,7 @@ def markdown(data: dict) -> str:
         "",
         "| W | size | method | "
         + ("load | " if data.get("neighbour", "off") != "off" else "")
-        + "median (ms) | goodput (Gbit/s) | time / gloo "
+        + "median (ms) | goodput (Gbit/s) | time / gloo | paired "
         + ("| loaded / quiet " if both else "")
         + "| CPU / call (ms) | CPU / gloo's | result |",
     ]
@@ -579,6 +592,7 @@ def markdown(data: dict) -> str:
             + (f"{r.get('load', QUIET)} | " if data.get("neighbour", "off") != "off" else "")
             + f"{r['median_s'] * 1e3:.1f} | {r['goodput_gbps']:.2f} | "
             f"{r['ratio_to_gloo']:.2f} | "
+            + (f"{r['paired_ratio_to_gloo']:.2f} | " if "paired_ratio_to_gloo" in r else "| ")
             + ((f"{lq:.2f} | " if lq is not None else "| ") if both else "")
             + (f"{cpu * 1e3:.0f}" if cpu is not None else "n/a")
             + " | "

@@ -38,6 +38,8 @@ def test_allreduce_benchmark_smoke(tmp_path, dtype):
     assert sw["cpu_switch_s"] > 0
     gloo = next(r for r in data["results"] if r["method"] == "gloo")
     assert gloo["ratio_to_gloo"] == 1.0 and gloo["cpu_ratio_to_gloo"] == 1.0
+    assert gloo["paired_ratio_to_gloo"] == 1.0
+    assert all(r["paired_ratio_to_gloo"] > 0 for r in data["results"])
     paths = write_outputs(data, tmp_path)
     assert json.loads(paths[0].read_text())["results"]
     table = paths[1].read_text()
@@ -191,3 +193,23 @@ def test_overlap_benchmark_smoke(tmp_path, capsys):
     assert all(r["steps"] == 2 and r["median_s"] > 0 for r in data["rows"])
     assert data["buckets"] >= 2 and data["ratio_off_on"] > 0
     assert (tmp_path / "overlap.md").read_text().strip() == table.strip()
+
+
+def test_the_paired_ratio_cancels_a_drift_that_the_ratio_of_medians_keeps():
+    """The machine is slow (1.5x) in repetitions 1-2 and in repetition 3 until
+    just after the method's call: the method is 0.9x gloo in every repetition
+    but one, and the paired ratio says 0.9, while the ratio of the medians
+    takes a slow call of the method against a fast one of gloo's (1.35)."""
+    import statistics
+
+    from bench.allreduce import paired_ratio
+
+    gloo = [{"time": 0.100 * f} for f in (1.5, 1.5, 1.0, 1.0, 1.0)]
+    method = [{"time": 0.090 * f} for f in (1.5, 1.5, 1.5, 1.0, 1.0)]
+    assert paired_ratio(method, gloo) == pytest.approx(0.9)
+    medians = statistics.median(c["time"] for c in method) / statistics.median(
+        c["time"] for c in gloo
+    )
+    assert medians == pytest.approx(1.35)
+    with pytest.raises(ValueError):
+        paired_ratio(method[:4], gloo)
