@@ -481,7 +481,7 @@ def _renice(pid: int, nice: int, log: Callable[[str], None]) -> None:
 
 def _launch_local(w: int, env: dict[str, str], args: dict[str, Any], out: Path) -> list[dict]:
     """The W ranks of one run as local processes (loopback), their JSON."""
-    from swemu.launch import child_env, spawn, torchrun_envs
+    from swemu.launch import child_env, spawn, torchrun_envs, wait_all
 
     out.mkdir()
     procs = []
@@ -497,13 +497,7 @@ def _launch_local(w: int, env: dict[str, str], args: dict[str, Any], out: Path) 
                     stderr=subprocess.STDOUT,
                 )
             )
-    try:
-        codes = [p.wait(1800) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    codes = wait_all(procs, 1800)
     if any(codes):
         failed = next(r for r, c in enumerate(codes) if c)
         lines = (out / f"{failed}.log").read_text(errors="replace").strip().splitlines()
@@ -794,14 +788,14 @@ def _worker(argv: list[str]) -> None:
         hook.__annotations__["return"] = torch.futures.Future[torch.Tensor]
         ddp.register_comm_hook(hook_state, hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=cfg["lr"], momentum=0.9)
-    x, y = training._data(steps * batch * w, seed=1)
+    x, y = training.task_data(steps * batch * w, seed=1)
     iface = os.environ.get("GLOO_SOCKET_IFNAME")
     params = sum(p.numel() for p in ddp.parameters())
     step_s, losses = [], []
     for s in range(steps):
         if s == timed_from:
             cpu0, wall0 = time.process_time(), time.perf_counter()
-            mach0 = training._machine_and_emulator()
+            mach0 = training.machine_and_emulator()
             sent0, tx0 = traffic.sent, _tx_bytes(iface)
             codec0 = hook_state.codec_s if hook_state else 0.0
             if hasattr(pg, "reset_stats"):
@@ -816,7 +810,7 @@ def _worker(argv: list[str]) -> None:
         losses.append(loss.item())
     timed = steps - timed_from
     cpu_s, window_s = time.process_time() - cpu0, time.perf_counter() - wall0
-    mach1 = training._machine_and_emulator()
+    mach1 = training.machine_and_emulator()
     tx1 = _tx_bytes(iface)
     report: dict[str, Any] = {}
     if method == "switchml":
@@ -830,25 +824,18 @@ def _worker(argv: list[str]) -> None:
         sent = ring_allreduce_bytes(4 * params, w)
     else:
         sent = (traffic.sent - sent0) / timed
-    tx, ty = training._data(2000, seed=2)
+    tx, ty = training.task_data(2000, seed=2)
     with torch.no_grad():
         accuracy = float((ddp.module(tx).argmax(dim=1) == ty).float().mean())
     dist.barrier()
-    compute = []
-    for _ in range(5):  # the same step without communication (replicas may now differ)
-        t0 = time.perf_counter()
-        opt.zero_grad()
-        with ddp.no_sync():
-            nn.functional.cross_entropy(ddp(x[:batch]), y[:batch]).backward()
-        opt.step()
-        compute.append(time.perf_counter() - t0)
+    compute = training.compute_seconds(ddp, opt, x, y, batch, reps=5)
     out.write_text(
         json.dumps(
             {
                 **report,
                 "step_s": step_s,
                 "loss": losses,
-                "compute_s": statistics.median(compute),
+                "compute_s": compute,
                 "accuracy": accuracy,
                 "params": params,
                 "sent_bytes_per_step": sent,

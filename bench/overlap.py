@@ -53,7 +53,7 @@ def run(
 ) -> dict:
     """Start an emulator (``--link-gbps``: each switch-to-worker link's rate, 0 =
     loopback speed) and the workers, wait for them, and return the medians."""
-    from swemu.launch import CHILD_CWD, EmulatorProcess, child_env, spawn, torchrun_envs
+    from swemu.launch import CHILD_CWD, EmulatorProcess, child_env, spawn, torchrun_envs, wait_all
 
     emu_args = ["--link-gbps", str(link_gbps)] if link_gbps else []
     with tempfile.TemporaryDirectory(prefix="overlap-") as tmp, EmulatorProcess(*emu_args) as emu:
@@ -76,13 +76,7 @@ def run(
                     cwd=CHILD_CWD,
                 )
             )
-        try:
-            codes = [p.wait(1800) for p in procs]
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+        codes = wait_all(procs, 1800)
         if any(codes):
             raise RuntimeError(f"overlap workers exited with {codes}")
         ranks = [json.loads(Path(f"{tmp}/rank{r}.json").read_text()) for r in range(workers)]

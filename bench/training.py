@@ -552,7 +552,25 @@ def build_model(hidden: int, layers: int) -> Any:
     return nn.Sequential(*mods)
 
 
-def _data(n: int, seed: int) -> tuple[Any, Any]:
+def compute_seconds(ddp: Any, opt: Any, x: Any, y: Any, batch: int, reps: int) -> float:
+    """The median time of ``reps`` training steps without communication
+    (``ddp.no_sync()``: the replicas may differ afterwards, so it runs last)."""
+    import time
+
+    from torch import nn
+
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        with ddp.no_sync():
+            nn.functional.cross_entropy(ddp(x[:batch]), y[:batch]).backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def task_data(n: int, seed: int) -> tuple[Any, Any]:
     """``n`` samples of the synthetic task (the same on every rank for a seed)."""
     import torch
 
@@ -567,7 +585,7 @@ def _data(n: int, seed: int) -> tuple[Any, Any]:
     return x, y
 
 
-def _machine_and_emulator() -> tuple[float, float, float]:
+def machine_and_emulator() -> tuple[float, float, float]:
     """(busy, total) CPU seconds of the machine and the emulator's CPU seconds."""
     from swemu.rack import machine_cpu, process_cpu
 
@@ -596,13 +614,13 @@ def _worker(argv: list[str]) -> None:
         build_model(hidden, layers), bucket_cap_mb=cfg["bucket_mb"], gradient_as_bucket_view=True
     )
     opt = torch.optim.SGD(ddp.parameters(), lr=cfg["lr"], momentum=0.9)
-    x, y = _data(steps * batch * w, seed=1)
+    x, y = task_data(steps * batch * w, seed=1)
     pg = dist.group.WORLD
     step_s, losses = [], []
     for s in range(steps):
         if s == WARMUP:
             cpu0, wall0 = time.process_time(), time.perf_counter()
-            mach0 = _machine_and_emulator()
+            mach0 = machine_and_emulator()
             if hasattr(pg, "reset_stats"):
                 pg.reset_stats()
         lo = (s * w + rank) * batch
@@ -614,11 +632,11 @@ def _worker(argv: list[str]) -> None:
         step_s.append(time.perf_counter() - t0)
         losses.append(loss.item())
     cpu_s, window_s = time.process_time() - cpu0, time.perf_counter() - wall0
-    mach1 = _machine_and_emulator()
+    mach1 = machine_and_emulator()
     report: dict[str, Any] = {}
     if hasattr(pg, "switchml_stats"):
         report["switch"] = pg.switchml_stats()
-    tx, ty = _data(2000, seed=2)
+    tx, ty = task_data(2000, seed=2)
     with torch.no_grad():
         accuracy = float((ddp.module(tx).argmax(dim=1) == ty).float().mean())
     # communication alone: every gradient in one allreduce, as the backend does it
@@ -635,21 +653,14 @@ def _worker(argv: list[str]) -> None:
     if hasattr(pg, "context"):  # the last of those calls, as hostlib counted it
         report["last_call"] = pg.context.last_stats
     dist.barrier()
-    compute = []
-    for _ in range(9):  # the same step without communication (replicas may now differ)
-        t0 = time.perf_counter()
-        opt.zero_grad()
-        with ddp.no_sync():
-            nn.functional.cross_entropy(ddp(x[:batch]), y[:batch]).backward()
-        opt.step()
-        compute.append(time.perf_counter() - t0)
+    compute = compute_seconds(ddp, opt, x, y, batch, reps=9)
     out.write_text(
         json.dumps(
             {
                 **report,
                 "step_s": step_s,
                 "loss": losses,
-                "compute_s": statistics.median(compute),
+                "compute_s": compute,
                 "comm_t": comm,
                 "accuracy": accuracy,
                 "params": sum(p.numel() for p in ddp.parameters()),

@@ -234,3 +234,14 @@ def test_numba_cache_goes_to_a_user_directory_for_a_read_only_install(tmp_path, 
     monkeypatch.setattr(process, "_writable", real)
     monkeypatch.delenv("NUMBA_CACHE_DIR")
     assert process.numba_cache_env() == {}  # a writable checkout keeps the cache beside the sources
+
+
+def test_wait_all_returns_the_codes_and_kills_what_a_timeout_leaves():
+    """Exit codes in order; a timeout raises and leaves no process running."""
+    quick = [launch.spawn([sys.executable, "-c", f"raise SystemExit({c})"]) for c in (0, 3)]
+    assert launch.wait_all(quick, 60) == [0, 3]
+    slow = launch.spawn([sys.executable, "-c", "import time; time.sleep(60)"])
+    done = launch.spawn([sys.executable, "-c", "pass"])
+    with pytest.raises(subprocess.TimeoutExpired):
+        launch.wait_all([slow, done], 0.5)
+    assert slow.returncode == -signal.SIGKILL and done.returncode is not None

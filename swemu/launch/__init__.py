@@ -6,7 +6,7 @@ benchmarks. Children are started by command lines (``python -m cli.main serve``,
 ``python -m cli.worker``), so this package imports nothing of the project: it
 sits below everything that launches.
 
-- :mod:`.process`: :func:`spawn`, :func:`die_with_parent`, :func:`child_env`,
+- :mod:`.process`: :func:`spawn`, :func:`wait_all`, :func:`die_with_parent`, :func:`child_env`,
   :data:`CHILD_CWD`, :func:`numba_cache_env` (process hygiene, Numba's cache);
 - :mod:`.emulator`: :class:`EmulatorProcess` (``switchml-emu serve`` on free
   ports) and its temporary directories (:func:`sweep_stale_dirs`);
@@ -17,7 +17,15 @@ May import: nothing of the project.
 """
 
 from .emulator import DIR_PREFIX, EmulatorProcess, sweep_stale_dirs
-from .process import CHILD_CWD, PR_SET_PDEATHSIG, child_env, die_with_parent, numba_cache_env, spawn
+from .process import (
+    CHILD_CWD,
+    PR_SET_PDEATHSIG,
+    child_env,
+    die_with_parent,
+    numba_cache_env,
+    spawn,
+    wait_all,
+)
 from .torchrun import torchrun_envs
 
 __all__ = [
@@ -31,4 +39,5 @@ __all__ = [
     "spawn",
     "sweep_stale_dirs",
     "torchrun_envs",
+    "wait_all",
 ]

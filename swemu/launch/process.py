@@ -110,6 +110,19 @@ def spawn(cmd: Sequence[str], **kwargs: Any) -> subprocess.Popen:
     return subprocess.Popen(wrapper, **kwargs)
 
 
+def wait_all(procs: Sequence[subprocess.Popen], timeout: float) -> list[int]:
+    """Wait for every process (each at most ``timeout`` seconds) and return
+    their exit codes in order; if waiting fails (a timeout, Ctrl-C), kill and
+    reap the ones still running before the exception goes on."""
+    try:
+        return [p.wait(timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 # where child processes of ours start: ``python -m`` puts the working directory
 # first on sys.path, and a user's ``random.py`` (or a scratch ``nt.py``, which
 # pathlib's import probes for) would shadow the standard library in the child.
