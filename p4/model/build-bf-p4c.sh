@@ -4,7 +4,7 @@
 # usage: p4/model/build-bf-p4c.sh [--dir DIR] [--jobs N] [--background] [--status]
 #   --dir DIR     the build directory (default $BF_P4C_BUILD_DIR, else
 #                 ~/.cache/switchml-emu/bf-p4c)
-#   --jobs N      parallel compile jobs (default: min(nproc, available GiB / 3))
+#   --jobs N      parallel compile jobs (default: min(nproc, available GiB / 6))
 #   --background  run detached at idle priority; follow DIR/build.log and DIR/STATUS
 #   --status      print DIR/STATUS and the last lines of the log
 #
@@ -41,27 +41,14 @@ while (($#)); do
     --dir) BUILD_DIR=$2; shift 2 ;;
     --jobs) jobs=$2; shift 2 ;;
     --background) background=1; shift ;;
-    --status)
-      cat "${BUILD_DIR}/STATUS" 2>/dev/null || echo "no build in $BUILD_DIR"
-      progress=$(grep -aoE '^\[ *[0-9]+%\]' "$BUILD_DIR/build.log" 2>/dev/null | tail -n 1 || true)
-      echo "compile progress (make's last figure): ${progress:-none yet}"
-      tail -n 5 "$BUILD_DIR/build.log" 2>/dev/null || true
-      exit 0 ;;
+    --status) print_status; exit 0 ;;
     -h | --help) sed -n '2,19p' "$0"; exit 0 ;;
     *) die "unknown argument: $1" ;;
   esac
 done
-BUILD_DIR=$(mkdir -p "$BUILD_DIR" && cd "$BUILD_DIR" && pwd)
-export BUILD_DIR
+begin_build "$0" "$background" "${args[@]}"
 
-if ((background)); then
-  rest=()
-  for a in "${args[@]}"; do [[ $a == --background ]] || rest+=("$a"); done
-  run_background "$0" "${rest[@]}" --dir "$BUILD_DIR"
-  exit 0
-fi
-
-[[ -n $jobs ]] || jobs=$(jobs_for_memory 3)
+[[ -n $jobs ]] || jobs=$(jobs_for_memory 6) # its largest process: 5.2 GB (p4/README.md)
 started=$(date +%s)
 src=$BUILD_DIR/src
 p4c=$src/p4c

@@ -57,25 +57,12 @@ while (($#)); do
     --jobs) jobs=$2; shift 2 ;;
     --background) background=1; shift ;;
     --allow-missing) allow_missing=1; shift ;;
-    --status)
-      cat "${BUILD_DIR}/STATUS" 2>/dev/null || echo "no build in $BUILD_DIR"
-      progress=$(grep -aoE '^\[ *[0-9]+%\]' "$BUILD_DIR/build.log" 2>/dev/null | tail -n 1 || true)
-      echo "compile progress (make's last figure): ${progress:-none yet}"
-      tail -n 5 "$BUILD_DIR/build.log" 2>/dev/null || true
-      exit 0 ;;
+    --status) print_status; exit 0 ;;
     -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
     *) die "unknown argument: $1" ;;
   esac
 done
-BUILD_DIR=$(mkdir -p "$BUILD_DIR" && cd "$BUILD_DIR" && pwd)
-export BUILD_DIR
-
-if ((background)); then
-  rest=()
-  for a in "${args[@]}"; do [[ $a == --background ]] || rest+=("$a"); done
-  run_background "$0" "${rest[@]}" --dir "$BUILD_DIR"
-  exit 0
-fi
+begin_build "$0" "$background" "${args[@]}"
 
 [[ -n $jobs ]] || jobs=$(jobs_for_memory 3)
 started=$(date +%s)

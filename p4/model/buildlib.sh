@@ -136,6 +136,30 @@ finish() {
   status disk "$(du -sh "$BUILD_DIR" | cut -f1)"
 }
 
+# print_status: the --status option of both scripts (STATUS, make's last progress
+# figure, the log's last lines).
+print_status() {
+  local progress
+  cat "${BUILD_DIR}/STATUS" 2>/dev/null || echo "no build in $BUILD_DIR"
+  progress=$(grep -aoE '^\[ *[0-9]+%\]' "$BUILD_DIR/build.log" 2>/dev/null | tail -n 1 || true)
+  echo "compile progress (make's last figure): ${progress:-none yet}"
+  tail -n 5 "$BUILD_DIR/build.log" 2>/dev/null || true
+}
+
+# begin_build SCRIPT BACKGROUND ARGS...: make $BUILD_DIR absolute (and exported); with
+# BACKGROUND 1, re-run SCRIPT with ARGS minus --background detached and exit.
+begin_build() {
+  local script=$1 background=$2 a rest=()
+  shift 2
+  BUILD_DIR=$(mkdir -p "$BUILD_DIR" && cd "$BUILD_DIR" && pwd)
+  export BUILD_DIR
+  if ((background)); then
+    for a in "$@"; do [[ $a == --background ]] || rest+=("$a"); done
+    run_background "$script" "${rest[@]}" --dir "$BUILD_DIR"
+    exit 0
+  fi
+}
+
 # run_background SCRIPT ARGS...: re-run SCRIPT detached (setsid nohup) at idle priority,
 # appending to $BUILD_DIR/build.log; /usr/bin/time -v measures it (time.txt) and its peak
 # resident set and exit status go into STATUS when it ends.
