@@ -29,31 +29,46 @@ from . import kernels as K
 
 @kernel
 def send_slots(
-    fd, hdr, hdr_ptr, iov, names, cmsg, send, n, slot_ptr, slot_len, slot_ip, slot_port, seg_max
+    fd, hdr, hdr_ptr, iov, names, send, n, slot_ptr, slot_len, slot_ip, slot_port, ports, seg_max
 ):
     """Send the packets of the first ``n`` slots listed in ``send``: each slot's
-    row, to its shard's port, through :func:`swemu.protocol.fastio.send_batch_gso`
-    (the emulator's sender too: with ``seg_max`` > 1, packets to one port travel
-    up to ``seg_max`` per message with a ``UDP_SEGMENT`` control message, and the
-    kernel cuts them into datagrams late). Returns how many packets the kernel
-    refused (the retransmission timer resends their slots). ``hdr``/``iov``/
-    ``names``/``cmsg`` are one :class:`~swemu.protocol.fastio.MsgVec`'s, with room
-    for ``n``."""
-    row_ptr = np.empty(n, np.int64)
-    row_len = np.empty(n, np.int64)
-    dst_ip = np.empty(n, np.uint32)
-    dst_port = np.empty(n, np.int32)
-    for d in range(n):
-        s = send[d]
-        row_ptr[d] = slot_ptr[s]
-        row_len[d] = slot_len[s]
-        dst_ip[d] = slot_ip[s]
-        dst_port[d] = slot_port[s]
-    cmsg_ptr = cmsg.ctypes.data
-    sent = fastio.send_batch_gso(
-        fd, hdr, hdr_ptr, iov, names, cmsg, cmsg_ptr, n, row_ptr, row_len, dst_ip, dst_port, seg_max
-    )
-    return n - sent
+    row, to its shard's port. Returns the count of messages the kernel refused
+    (their slots are resent by the retransmission timer).
+
+    With UDP segmentation offload (the socket's ``UDP_SEGMENT`` option set to
+    the packet length, ``seg_max`` > 1), up to ``seg_max`` packets for the same
+    port travel as one message whose iovecs are their rows: the kernel builds
+    one buffer and cuts it into datagrams of the packet length late, so the
+    per-datagram cost of the send path is paid once per message. The receiver
+    sees ordinary datagrams. ``hdr``/``iov``/``names`` need room for ``n``."""
+    m = 0  # messages built
+    j = 0  # iovecs used
+    iov_ptr = hdr[0, 2]  # the vector's iovec array (message 0 points at its start)
+    for p in ports:
+        g = 0
+        for d in range(n):
+            s = send[d]
+            if slot_port[s] != p:
+                continue
+            if g == 0:
+                hdr[m, 1] = 16
+                hdr[m, 2] = iov_ptr + np.uint64(16 * j)
+                fastio.set_name(names, m, slot_ip[s], p)
+                m += 1
+            iov[j, 0] = np.uint64(slot_ptr[s])
+            iov[j, 1] = np.uint64(slot_len[s])
+            j += 1
+            g += 1
+            hdr[m - 1, 3] = g
+            if g == seg_max:
+                g = 0
+    done = 0
+    while done < m:
+        r = fastio.c_sendmmsg(fd, hdr_ptr + 64 * done, m - done, fastio.MSG_DONTWAIT)
+        if r <= 0:
+            break
+        done += r
+    return m - done
 
 
 @kernel
@@ -86,13 +101,12 @@ def pump(
     tx_hdr_ptr,
     tx_iov,
     tx_names,
-    tx_cmsg,
     slot_ptr,
     slot_len,
     slot_ip,
     slot_port,
-    seg_max,
     ports,
+    seg_max,
     buf,
     buf_addr,
     rows,
@@ -211,13 +225,13 @@ def pump(
                 tx_hdr_ptr,
                 tx_iov,
                 tx_names,
-                tx_cmsg,
                 send,
                 m,
                 slot_ptr,
                 slot_len,
                 slot_ip,
                 slot_port,
+                ports,
                 seg_max,
             )
         if not more:
@@ -272,13 +286,12 @@ def wait_and_pump(
     tx_hdr_ptr,
     tx_iov,
     tx_names,
-    tx_cmsg,
     slot_ptr,
     slot_len,
     slot_ip,
     slot_port,
-    seg_max,
     ports,
+    seg_max,
     buf,
     buf_addr,
     rows,
@@ -358,7 +371,6 @@ def wait_and_pump(
     slot_len = unowned(slot_len)
     slot_ip = unowned(slot_ip)
     slot_port = unowned(slot_port)
-    tx_cmsg = unowned(tx_cmsg)
     ports = unowned(ports)
     buf = unowned(buf)
     buf_addr = unowned(buf_addr)
@@ -440,13 +452,12 @@ def wait_and_pump(
                     tx_hdr_ptr,
                     tx_iov,
                     tx_names,
-                    tx_cmsg,
                     slot_ptr,
                     slot_len,
                     slot_ip,
                     slot_port,
-                    seg_max,
                     ports,
+                    seg_max,
                     buf,
                     buf_addr,
                     rows,
@@ -496,8 +507,8 @@ class FastIO:
     ``batch`` receives datagrams (one per row; ``lens``/``ok`` per row), ``rows``
     are the protocol's outstanding packets (one per slot), slot s goes to
     ``switch_ip:ports[s % len(ports)]`` (docs/protocol.md §5 ``data_ports``).
-    ``seg_max`` > 1 sends up to that many packets per message (a ``UDP_SEGMENT``
-    control message each; :func:`enable_gso` says whether the route allows it)."""
+    ``seg_max`` > 1 sends up to that many packets per message (the socket must
+    have ``UDP_SEGMENT`` set to the packet length, see :func:`enable_gso`)."""
 
     def __init__(
         self,
@@ -538,7 +549,7 @@ class FastIO:
         self.gro = fastio.GroRx(fastio.GRO_MESSAGES, cap) if gro else fastio.GroRx(1)
         self.gro_args = (bool(gro), *self.gro.args())  # the tail of fastio.receive's
         self.rx_args += self.gro_args
-        self.tx_args = (tx.hdr, tx.hdr_ptr, tx.iov, tx.names, tx.cmsg)
+        self.tx_args = (tx.hdr, tx.hdr_ptr, tx.iov, tx.names)
         self.pollfd = np.zeros(4, np.int32)  # 2 x struct pollfd {int fd; short events, revents}
         self.bfd = -1  # the loopback-broadcast socket, if the job has one
         self.ts = np.zeros(2, np.int64)  # struct timespec
@@ -547,21 +558,14 @@ class FastIO:
             np.full(k, rows.shape[1], np.int64),
             np.full(k, switch_ip, np.uint32),
             np.array([ports[s % len(ports)] for s in range(k)], np.int32),
+            np.array(sorted(set(ports)), np.int32),
             max(1, int(seg_max)),
         )
-        self.ports = np.array(sorted(set(ports)), np.int32)  # where results may come from
 
     def _args(self, result_args: tuple) -> tuple:
         """:func:`pump`'s arguments after ``now, fd`` (:func:`wait_and_pump`'s after
         its own), for an allreduce whose ``Allreduce.result_args`` are given."""
-        return (
-            *self.rx_args,
-            *self.tx_args,
-            *self.slot_args,
-            self.ports,
-            *self.batch_args,
-            *result_args,
-        )
+        return (*self.rx_args, *self.tx_args, *self.slot_args, *self.batch_args, *result_args)
 
     def pump(self, fd: int, now: float, result_args: tuple, rx_fd: int | None = None) -> int:
         """:func:`pump` for an allreduce whose ``Allreduce.result_args`` are given:
