@@ -481,7 +481,7 @@ def _renice(pid: int, nice: int, log: Callable[[str], None]) -> None:
 
 def _launch_local(w: int, env: dict[str, str], args: dict[str, Any], out: Path) -> list[dict]:
     """The W ranks of one run as local processes (loopback), their JSON."""
-    from swemu.launch import child_env, spawn, torchrun_envs, wait_all
+    from swemu.launch import CHILD_CWD, child_env, spawn, torchrun_envs, wait_all
 
     out.mkdir()
     procs = []
@@ -493,19 +493,12 @@ def _launch_local(w: int, env: dict[str, str], args: dict[str, Any], out: Path) 
                     argv,
                     env=child_env(**{**launcher, **env}),
                     stdin=subprocess.DEVNULL,
+                    cwd=CHILD_CWD,
                     stdout=f,
                     stderr=subprocess.STDOUT,
                 )
             )
-    codes = wait_all(procs, 1800)
-    if any(codes):
-        failed = next(r for r, c in enumerate(codes) if c)
-        lines = (out / f"{failed}.log").read_text(errors="replace").strip().splitlines()
-        raise rack_lib.ClusterError(
-            f"training processes exited with {codes}; rank {failed}'s last line: "
-            f"{lines[-1] if lines else '(no output)'}"
-        )
-    return [json.loads((out / f"{r}.json").read_text()) for r in range(w)]
+    return training.rank_reports(wait_all(procs, 1800), out)
 
 
 def _row(

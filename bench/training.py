@@ -219,6 +219,13 @@ def _launch(
         finally:
             if p.stdout is not None:
                 p.stdout.close()
+    return rank_reports(codes, out)
+
+
+def rank_reports(codes: Sequence[int], out: Path) -> list[dict[str, Any]]:
+    """The ranks' JSON reports (``out/<rank>.json``) once every rank exited 0;
+    else :class:`~swemu.rack.ClusterError` with the first failed rank's last
+    line of ``out/<rank>.log``."""
     if any(codes):
         from swemu.rack import ClusterError
 
@@ -228,7 +235,7 @@ def _launch(
             f"training processes exited with {codes}; rank {failed}'s last line: "
             f"{lines[-1] if lines else '(no output)'}"
         )
-    return [json.loads((out / f"{r}.json").read_text()) for r in range(w)]
+    return [json.loads((out / f"{r}.json").read_text()) for r in range(len(codes))]
 
 
 def _row(
