@@ -119,6 +119,13 @@ def main(argv: list[str] | None = None) -> int:
         "--tree", type=Path, action="append", default=[], help="another source tree to compare"
     )
     c.add_argument("--out", type=Path, default=Path("bench/results"))
+    ca = sub.add_parser("calls", help="the cost of one call of the compiled loops, per tree")
+    ca.add_argument("--rounds", type=int, default=3)
+    ca.add_argument("--calls", type=int, default=2000, help="calls per timed run")
+    ca.add_argument(
+        "--tree", type=Path, action="append", default=[], help="another source tree to compare"
+    )
+    ca.add_argument("--out", type=Path, default=Path("bench/results"))
     so = sub.add_parser("soak", help="consecutive jobs against one emulator: memory stays flat")
     so.add_argument("--jobs", type=int, default=1000)
     so.add_argument("--workers", type=int, default=2)
@@ -278,6 +285,17 @@ def main(argv: list[str] | None = None) -> int:
             log=lambda m: print(m, file=sys.stderr),
         )
         _save(args.out, "compile", data, compile_bench.markdown(data))
+        return 0
+    if args.what == "calls":
+        from . import calls
+
+        data = calls.run(
+            args.rounds,
+            [t.resolve() for t in args.tree],
+            args.calls,
+            log=lambda m: print(m, file=sys.stderr),
+        )
+        _save(args.out, "calls", data, calls.markdown(data))
         return 0
     if args.what == "soak":
         from . import soak

@@ -83,56 +83,29 @@ def serve(
 
 
 @kernel
-def _rounds(
-    fds,
-    rounds,
-    window,
-    pkt_ptr,
-    plen,
-    dst_ip,
-    dst_ports,
-    tx_hdr,
-    tx_ptr,
-    tx_iov,
-    tx_names,
-    rx_hdr,
-    rx_ptr,
-    rx_names,
-    lens,
-    src_ip,
-    src_port,
-):
-    """Drive ``rounds`` windows through the switch (slot s to ``dst_ports[s]``);
-    return rounds completed (fewer means a receive timed out: a packet was lost)."""
+def _rounds(fds, rounds, window, pkt_ptr, plen, dst_ip, dst_ports, tx, rx, rows):
+    """Drive ``rounds`` windows through the switch (slot s to ``dst_ports[s]``;
+    ``tx``/``rx`` the vectors, ``rows`` where results are received); return
+    rounds completed (fewer means a receive timed out: a packet was lost)."""
     w = fds.shape[0]
-    ptrs = np.empty(window, np.int64)
-    plens = np.full(window, plen, np.int64)
-    ips = np.full(window, dst_ip, np.uint32)
-    ports = dst_ports
+    out = fastio.Sends(
+        np.empty(window, np.int64),
+        np.full(window, plen, np.int64),
+        np.full(window, dst_ip, np.uint32),
+        dst_ports,
+    )
     for r in range(rounds):
         st = r & 1
         for k in range(w):
             for s in range(window):
-                ptrs[s] = pkt_ptr[st, k, s]
-            sent = fastio.send_batch(
-                fds[k], tx_hdr, tx_ptr, tx_iov, tx_names, window, ptrs, plens, ips, ports
-            )
+                out.ptr[s] = pkt_ptr[st, k, s]
+            sent = fastio.send_batch(fds[k], tx, window, out)
             if sent < window:
                 return r
         for k in range(w):
             got = 0
             while got < window:
-                n = fastio.recv_batch_flags(
-                    fds[k],
-                    rx_hdr,
-                    rx_ptr,
-                    min(window - got, 64),
-                    lens,
-                    src_ip,
-                    src_port,
-                    rx_names,
-                    0,
-                )
+                n = fastio.recv_batch_flags(fds[k], rx, min(window - got, 64), rows, 0)
                 if n <= 0:
                     return r  # SO_RCVTIMEO expired: lost packets
                 got += n
@@ -212,26 +185,11 @@ def measure(
             tx, rx = fastio.MsgVec(max(window, 1)), fastio.MsgVec(64)
             rxbuf = np.zeros((64, plen + 1), np.uint8)
             rx.point_at_rows(rxbuf)
-            lens = np.zeros(64, np.int32)
-            sip, sport = np.zeros(64, np.uint32), np.zeros(64, np.int32)
-            fds = np.array([s.fileno() for s in socks], np.int64)
-            args = (
-                window,
-                ptr,
-                plen,
-                0x7F000001,
-                dst_ports,
-                tx.hdr,
-                tx.hdr_ptr,
-                tx.iov,
-                tx.names,
-                rx.hdr,
-                rx.hdr_ptr,
-                rx.names,
-                lens,
-                sip,
-                sport,
+            rows = fastio.Rows(
+                rxbuf, np.zeros(64, np.int32), np.zeros(64, np.uint32), np.zeros(64, np.int32)
             )
+            fds = np.array([s.fileno() for s in socks], np.int64)
+            args = (window, ptr, plen, 0x7F000001, dst_ports, tx.tx(), rx.rx(), rows)
             _rounds(fds, 4, *args)  # warm up (and compile)
             t0 = time.perf_counter()
             done, total = 0, 0

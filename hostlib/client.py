@@ -280,7 +280,7 @@ class AsyncContext:
                 f"cannot take the switch's broadcast results on UDP port {port}: "
                 f"{exc.strerror or exc} (SWITCHML_BROADCAST=0 turns loopback broadcast off)"
             ) from None
-        if self._io.gro_args[0]:
+        if self._io.gro:
             fastio.enable_gro(b)
         self._bsock = b
         self._io.bfd = b.fileno()
@@ -423,35 +423,30 @@ class AsyncContext:
         fd = self._sock.fileno()
         io = self._io
         self.stale += io.discard_all(fd)  # what arrived between calls, as the reader would
-        state = np.zeros(fastpath.N_WAIT)
-        state[fastpath.W_NOW] = state[fastpath.W_PROGRESS] = now
+        clock = np.zeros(len(fastpath.Clock))
+        clock[fastpath.Clock.NOW] = clock[fastpath.Clock.PROGRESS] = now
         no_progress = self.protocol.timing.no_progress
         self._op = op
         try:
             self._send(op, op.initial(now))
-            args = op.result_args
             while True:
-                status = io.wait(fd, state, op.expected_results, no_progress, args)
-                op.last_progress = float(state[fastpath.W_PROGRESS])
-                if status == fastpath.RUN_DONE:
+                status = io.wait(fd, clock, op.expected_results, no_progress, op.state)
+                op.last_progress = float(clock[fastpath.Clock.PROGRESS])
+                if status == fastpath.Run.DONE:
                     break
                 if self._sock is None:
                     raise SwitchMLError("the SwitchML context was closed during an allreduce")
-                if status == fastpath.RUN_TIMER:
-                    self._retransmit(op, float(state[fastpath.W_NOW]))
+                if status == fastpath.Run.TIMER:
+                    self._retransmit(op, float(clock[fastpath.Clock.NOW]))
         finally:
-            self._wakeups = int(state[fastpath.W_WAKEUPS])
+            self._wakeups = int(clock[fastpath.Clock.WAKEUPS])
             self._record_stats(op)
             self._op = None
         return result
 
     def _record_stats(self, op: Allreduce) -> None:
         self.last_stats = {
-            "results": int(op.counters[K.K_RESULTS]),
-            "ignored": int(op.counters[K.K_IGNORED]),
-            "retransmissions": int(op.counters[K.K_RETRANSMISSIONS]),
-            "sent": int(op.counters[K.K_SENT]),
-            "spurious": int(op.counters[K.K_SPURIOUS]),
+            **{c.name.lower(): int(op.counters[c]) for c in K.Counter},
             "wakeups": self._wakeups,
         }
 
@@ -524,12 +519,12 @@ class AsyncContext:
             self.stale += io.discard_all(fd)
             return
         now = self._loop.time()
-        before = op.counters[K.K_RESULTS]
-        io.pump(fd, now, op.result_args)
+        before = op.counters[K.Counter.RESULTS]
+        io.pump(fd, now, op.state)
         if io.bfd >= 0:
-            io.pump(fd, now, op.result_args, rx_fd=io.bfd)
+            io.pump(fd, now, op.state, rx_fd=io.bfd)
         self._wakeups += 1
-        if op.counters[K.K_RESULTS] != before:
+        if op.counters[K.Counter.RESULTS] != before:
             op.last_progress = now
             if op.done:
                 self._finish()

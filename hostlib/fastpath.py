@@ -2,14 +2,14 @@
 
 On every readiness callback the client calls :func:`pump` once. It drains the
 socket with ``recvmmsg`` in batches, marks which datagrams came from the
-switch, feeds each batch to :func:`hostlib.kernels._on_results` and sends the
+switch, feeds each batch to :func:`hostlib.kernels.on_results` and sends the
 packets that batch released with ``sendmmsg``, until the socket is empty. No
 Python runs per batch: the only interpreter work per wakeup is the call
-itself. (A first version checked sources with ``np.isin`` and dispatched three
-kernels per batch; that Python glue cost a third of a worker's CPU.)
+itself. The blocking API waits in compiled code too (:func:`wait_and_pump`).
 
-The parameters are separate arrays and scalars, not tuples: Numba's dispatcher
-types a tuple of arrays from Python far more slowly than the arrays themselves.
+The loops take a socket's vectors as one record, :class:`WorkerIO` (built once
+per membership by :class:`FastIO`), and the call's state as another,
+:class:`hostlib.kernels.WorkerState`.
 """
 
 from __future__ import annotations
@@ -17,52 +17,95 @@ from __future__ import annotations
 import math
 import os
 import socket
+from enum import IntEnum
+from typing import NamedTuple
 
 import numpy as np
 
 from swemu.protocol import fastio
+from swemu.protocol.fastio import Receiver, Rows, TxVec
 from swemu.protocol.jit import kernel
 from swemu.protocol.rawmem import unowned
 
 from . import kernels as K
 
 
+class Slots(NamedTuple):
+    """Where each slot's packet goes: slot s is ``len[s]`` bytes at ``ptr[s]``
+    (its row of the protocol's ``rows``), to ``ip[s]`` and ``port[s]`` (its
+    shard's, docs/protocol.md §5 ``data_ports``); ``ports`` lists the distinct
+    ports, the order in which messages are built."""
+
+    ptr: np.ndarray
+    len: np.ndarray
+    ip: np.ndarray
+    port: np.ndarray
+    ports: np.ndarray
+
+
+class WorkerIO(NamedTuple):
+    """One worker socket as the compiled loops use it: how it is read (``rx``,
+    up to ``cap`` datagrams into ``rows`` per batch; ``row_addr[r]`` is row r's
+    address, ``ok[r]`` whether datagram r came from ``switch_ip`` and one of the
+    ports), how packets leave (``tx`` and ``slots``), and the ``struct pollfd``
+    pair (int32[4]: its socket, the loopback-broadcast one) and ``struct
+    timespec`` (int64[2]) the blocking wait uses."""
+
+    rx: Receiver
+    rows: Rows
+    row_addr: np.ndarray
+    ok: np.ndarray
+    cap: int
+    switch_ip: int
+    tx: TxVec
+    slots: Slots
+    pollfd: np.ndarray
+    ts: np.ndarray
+
+
 @kernel
-def send_slots(
-    fd, hdr, hdr_ptr, iov, names, send, n, slot_ptr, slot_len, slot_ip, slot_port, ports, seg_max
-):
+def send_slots(fd, tx, send, n, slots):
     """Send the packets of the first ``n`` slots listed in ``send``: each slot's
-    row, to its shard's port. Returns the count of messages the kernel refused
-    (their slots are resent by the retransmission timer).
+    row, to its shard's port (``slots``, :class:`Slots`). Returns the count of
+    messages the kernel refused (their slots are resent by the retransmission
+    timer).
 
     With UDP segmentation offload (the socket's ``UDP_SEGMENT`` option set to
-    the packet length, ``seg_max`` > 1), up to ``seg_max`` packets for the same
-    port travel as one message whose iovecs are their rows: the kernel builds
-    one buffer and cuts it into datagrams of the packet length late, so the
-    per-datagram cost of the send path is paid once per message. The receiver
-    sees ordinary datagrams. ``hdr``/``iov``/``names`` need room for ``n``."""
+    the packet length, ``tx.seg_max`` > 1), up to ``seg_max`` packets for the
+    same port travel as one message whose iovecs are their rows: the kernel
+    builds one buffer and cuts it into datagrams of the packet length late, so
+    the per-datagram cost of the send path is paid once per message. The
+    receiver sees ordinary datagrams. ``tx`` needs room for ``n`` messages.
+
+    The emulator's :func:`swemu.protocol.fastio.send_batch_gso` is the general
+    form (any lengths and destinations); this one knows that its packets are of
+    one length and grouped by port, so it needs no control message per
+    message, no lookahead and no retry (docs/performance.md: folding it into
+    the general one cost every worker's first run a quarter more compiling)."""
+    hdr, iov, seg_max = tx.hdr, tx.iov, tx.seg_max
     m = 0  # messages built
     j = 0  # iovecs used
-    iov_ptr = hdr[0, 2]  # the vector's iovec array (message 0 points at its start)
-    for p in ports:
+    iov_ptr = np.uint64(iov.ctypes.data)
+    for p in slots.ports:
         g = 0
         for d in range(n):
             s = send[d]
-            if slot_port[s] != p:
+            if slots.port[s] != p:
                 continue
             if g == 0:
                 hdr[m, 1] = 16
                 hdr[m, 2] = iov_ptr + np.uint64(16 * j)
-                fastio.set_name(names, m, slot_ip[s], p)
+                fastio.set_name(tx.names, m, slots.ip[s], p)
                 m += 1
-            iov[j, 0] = np.uint64(slot_ptr[s])
-            iov[j, 1] = np.uint64(slot_len[s])
+            iov[j, 0] = np.uint64(slots.ptr[s])
+            iov[j, 1] = np.uint64(slots.len[s])
             j += 1
             g += 1
             hdr[m - 1, 3] = g
             if g == seg_max:
                 g = 0
     done = 0
+    hdr_ptr = hdr.ctypes.data
     while done < m:
         r = fastio.c_sendmmsg(fd, hdr_ptr + 64 * done, m - done, fastio.MSG_DONTWAIT)
         if r <= 0:
@@ -72,345 +115,96 @@ def send_slots(
 
 
 @kernel
-def pump(
-    now,
-    fd,
-    rx_hdr,
-    rx_hdr_ptr,
-    cap,
-    lens,
-    src_ip,
-    src_port,
-    rx_names,
-    ok,
-    switch_ip,
-    gro,
-    g_hdr,
-    g_hdr_ptr,
-    g_names,
-    g_cmsg,
-    g_cmsg_ptr,
-    g_land,
-    g_mlens,
-    g_gso,
-    g_mip,
-    g_mport,
-    g_cursor,
-    g_addr,
-    tx_hdr,
-    tx_hdr_ptr,
-    tx_iov,
-    tx_names,
-    slot_ptr,
-    slot_len,
-    slot_ip,
-    slot_port,
-    ports,
-    seg_max,
-    buf,
-    buf_addr,
-    rows,
-    xi,
-    xf,
-    oi,
-    of,
-    is_float,
-    nchunks,
-    nvals,
-    nslots,
-    num_workers,
-    code,
-    job_number,
-    chunk,
-    cur_set,
-    next_set,
-    deadline,
-    rto,
-    tries,
-    my_exp,
-    shared_exp,
-    rto_min,
-    rto_max,
-    rtt,
-    limit,
-    send,
-    counters,
-    quiet,
-    waiting,
-    guard,
-    tx_fd,
-):
-    """Drain the socket ``fd`` (``cap`` datagrams per ``recvmmsg``) into ``buf``,
-    match every batch and send what it releases from ``tx_fd`` (the worker's
-    own socket; ``fd`` may be its loopback-broadcast socket). Returns the
-    datagrams received."""
+def pump(now, fd, io, ws, tx_fd):
+    """Drain the socket ``fd`` (``io.cap`` datagrams per ``recvmmsg``) into
+    ``io.rows``, match every batch against the call ``ws``
+    (:class:`hostlib.kernels.WorkerState`) and send what it releases from
+    ``tx_fd`` (the worker's own socket; ``fd`` may be its loopback-broadcast
+    socket). Returns the datagrams received."""
+    rows, ok, ports = io.rows, io.ok, io.slots.ports
     total = 0
     while True:
-        n, more = fastio.receive(
-            fd,
-            cap,
-            buf,
-            lens,
-            src_ip,
-            src_port,
-            rx_hdr,
-            rx_hdr_ptr,
-            rx_names,
-            gro,
-            g_hdr,
-            g_hdr_ptr,
-            g_names,
-            g_cmsg,
-            g_cmsg_ptr,
-            g_land,
-            g_mlens,
-            g_gso,
-            g_mip,
-            g_mport,
-            g_cursor,
-            g_addr,
-        )
+        n, more = fastio.receive(fd, io.cap, rows, io.rx)
         if n == 0:
             return total
         total += n
         for r in range(n):
             good = 0
-            if src_ip[r] == switch_ip:
+            if rows.ip[r] == io.switch_ip:
                 for p in ports:
-                    if src_port[r] == p:
+                    if rows.port[r] == p:
                         good = 1
             ok[r] = good
-        addrs = g_addr if gro else buf_addr  # GRO: where the kernel landed them
-        m = K._on_results(
-            addrs,
-            lens,
-            ok,
-            n,
-            now,
-            rows,
-            xi,
-            xf,
-            oi,
-            of,
-            is_float,
-            nchunks,
-            nvals,
-            nslots,
-            num_workers,
-            code,
-            job_number,
-            chunk,
-            cur_set,
-            next_set,
-            deadline,
-            rto,
-            tries,
-            my_exp,
-            shared_exp,
-            rto_min,
-            rto_max,
-            rtt,
-            limit,
-            send,
-            counters,
-            quiet,
-            waiting,
-            guard,
-        )
-        counters[K.K_SENT] += m
+        addrs = io.rx.landing.addr if io.rx.gro else io.row_addr  # GRO: where they landed
+        m = K.on_results(addrs, rows.lens, ok, n, now, ws)
+        ws.counters[K.Counter.SENT] += m
         if m > 0:
-            send_slots(
-                tx_fd,
-                tx_hdr,
-                tx_hdr_ptr,
-                tx_iov,
-                tx_names,
-                send,
-                m,
-                slot_ptr,
-                slot_len,
-                slot_ip,
-                slot_port,
-                ports,
-                seg_max,
-            )
+            send_slots(tx_fd, io.tx, ws.send, m, io.slots)
         if not more:
             return total
 
 
 # -------------------------------------------------------- blocking wait loop
-SLICE_MS = 100  # the longest wait without a return to Python (signals, Ctrl-C)
+WAIT_SLICE_MS = 100  # the longest wait without a return to Python (signals, Ctrl-C)
 
-RUN_DONE = 0  # every result is in
-RUN_TIMER = 1  # a retransmission deadline or the no-progress limit is due
-RUN_RETURN = 2  # a wait slice ended, or a signal interrupted the wait
 
-# wait state (a float64 array shared with Python)
-W_NOW = 0  # the clock when the loop returned
-W_PROGRESS = 1  # when a result last arrived (Allreduce.last_progress)
-W_WAKEUPS = 2  # socket reads
-N_WAIT = 3
+class Run(IntEnum):
+    """What :func:`wait_and_pump` returns."""
+
+    DONE = 0  # every result is in
+    TIMER = 1  # a retransmission deadline or the no-progress limit is due
+    RETURN = 2  # a wait slice ended, or a signal interrupted the wait
+
+
+class Clock(IntEnum):
+    """Entries of the wait's clock (a float64 array shared with Python)."""
+
+    NOW = 0  # the clock when the loop returned
+    PROGRESS = 1  # when a result last arrived (Allreduce.last_progress)
+    WAKEUPS = 2  # socket reads
 
 
 @kernel
-def wait_and_pump(
-    fd,
-    state,
-    pollfd,
-    ts,
-    expected,
-    no_progress,
-    rx_hdr,
-    rx_hdr_ptr,
-    cap,
-    lens,
-    src_ip,
-    src_port,
-    rx_names,
-    ok,
-    switch_ip,
-    gro,
-    g_hdr,
-    g_hdr_ptr,
-    g_names,
-    g_cmsg,
-    g_cmsg_ptr,
-    g_land,
-    g_mlens,
-    g_gso,
-    g_mip,
-    g_mport,
-    g_cursor,
-    g_addr,
-    tx_hdr,
-    tx_hdr_ptr,
-    tx_iov,
-    tx_names,
-    slot_ptr,
-    slot_len,
-    slot_ip,
-    slot_port,
-    ports,
-    seg_max,
-    buf,
-    buf_addr,
-    rows,
-    xi,
-    xf,
-    oi,
-    of,
-    is_float,
-    nchunks,
-    nvals,
-    nslots,
-    num_workers,
-    code,
-    job_number,
-    chunk,
-    cur_set,
-    next_set,
-    deadline,
-    rto,
-    tries,
-    my_exp,
-    shared_exp,
-    rto_min,
-    rto_max,
-    rtt,
-    limit,
-    send,
-    counters,
-    quiet,
-    waiting,
-    guard,
-    bfd,
-):
+def wait_and_pump(fd, bfd, clock, expected, no_progress, io, ws):
     """Run an allreduce to the next event that needs Python: wait for the
-    socket with ``poll`` and :func:`pump` it, until every result is in
-    (``RUN_DONE``), a retransmission deadline or the no-progress limit is due
-    (``RUN_TIMER``: the caller runs the timer path), or a wait slice of
-    ``SLICE_MS`` ended or a signal interrupted it (``RUN_RETURN``).
+    sockets with ``poll`` and :func:`pump` them, until every result is in
+    (``Run.DONE``), a retransmission deadline or the no-progress limit is due
+    (``Run.TIMER``: the caller runs the timer path), or a wait slice of
+    ``WAIT_SLICE_MS`` ended or a signal interrupted it (``Run.RETURN``).
 
     This is the blocking API's loop (``Context.allreduce``): the event loop's
-    readiness callback cost ~60 µs of interpreter work per wakeup (the
-    dispatcher unboxing :func:`pump`'s arguments), a fifth of a worker's CPU.
-    Called with the GIL released (``nogil``), so other threads run meanwhile.
-    ``state`` holds ``W_*``; ``pollfd`` is two ``struct pollfd`` as int32[4]
-    (``fd``, and ``bfd``, the loopback-broadcast socket, or -1),
-    ``ts`` a ``struct timespec`` as int64[2].
+    readiness callback cost ~60 µs of interpreter work per wakeup, a fifth of
+    a worker's CPU. Called with the GIL released (``nogil``), so other threads
+    run meanwhile. ``fd`` is the worker's socket, ``bfd`` its
+    loopback-broadcast socket or -1; ``clock`` holds :class:`Clock`.
 
-    The arrays go on as owner-less views (:func:`swemu.protocol.rawmem.unowned`): a
-    compiled callee takes each array argument as a new reference, two atomic
+    The records go on as owner-less views (:func:`swemu.protocol.rawmem.unowned`):
+    a compiled callee takes each array argument as a new reference, two atomic
     count updates per array per call, and :func:`pump` passes some fifty arrays
     on per received batch (~6 % of a worker's CPU at 16 KiB packets). The
     caller holds the arrays for the whole call."""
-    rx_hdr = unowned(rx_hdr)
-    rx_hdr_ptr = unowned(rx_hdr_ptr)
-    lens = unowned(lens)
-    src_ip = unowned(src_ip)
-    src_port = unowned(src_port)
-    rx_names = unowned(rx_names)
-    ok = unowned(ok)
-    g_hdr = unowned(g_hdr)
-    g_hdr_ptr = unowned(g_hdr_ptr)
-    g_names = unowned(g_names)
-    g_cmsg = unowned(g_cmsg)
-    g_cmsg_ptr = unowned(g_cmsg_ptr)
-    g_land = unowned(g_land)
-    g_mlens = unowned(g_mlens)
-    g_gso = unowned(g_gso)
-    g_mip = unowned(g_mip)
-    g_mport = unowned(g_mport)
-    g_cursor = unowned(g_cursor)
-    g_addr = unowned(g_addr)
-    tx_hdr = unowned(tx_hdr)
-    tx_hdr_ptr = unowned(tx_hdr_ptr)
-    tx_iov = unowned(tx_iov)
-    tx_names = unowned(tx_names)
-    slot_ptr = unowned(slot_ptr)
-    slot_len = unowned(slot_len)
-    slot_ip = unowned(slot_ip)
-    slot_port = unowned(slot_port)
-    ports = unowned(ports)
-    buf = unowned(buf)
-    buf_addr = unowned(buf_addr)
-    rows = unowned(rows)
-    xi = unowned(xi)
-    xf = unowned(xf)
-    oi = unowned(oi)
-    of = unowned(of)
-    chunk = unowned(chunk)
-    cur_set = unowned(cur_set)
-    next_set = unowned(next_set)
-    deadline = unowned(deadline)
-    rto = unowned(rto)
-    tries = unowned(tries)
-    my_exp = unowned(my_exp)
-    shared_exp = unowned(shared_exp)
-    rtt = unowned(rtt)
-    send = unowned(send)
-    counters = unowned(counters)
-    quiet = unowned(quiet)
-    waiting = unowned(waiting)
+    io = unowned(io)
+    ws = unowned(ws)
+    counters, ts, pollfd = ws.counters, io.ts, io.pollfd
     pollfd[0] = fd
     while True:
         now = fastio.monotonic(ts)
-        state[W_NOW] = now
-        if counters[K.K_RESULTS] >= expected:
-            return RUN_DONE
-        due = min(K._next_deadline(chunk, deadline), state[W_PROGRESS] + no_progress)
+        clock[Clock.NOW] = now
+        if counters[K.Counter.RESULTS] >= expected:
+            return Run.DONE
+        due = min(K.next_deadline(ws.chunk, ws.deadline), clock[Clock.PROGRESS] + no_progress)
         own = True  # which sockets to read: both when a deadline is due
         shared = bfd >= 0
         if now < due:
-            wait = min(math.ceil((due - now) * 1000.0), SLICE_MS)
+            wait = min(math.ceil((due - now) * 1000.0), WAIT_SLICE_MS)
             pollfd[1] = fastio.POLLIN
             pollfd[2] = bfd  # negative: poll skips the entry
             pollfd[3] = fastio.POLLIN
             r = fastio.c_poll(pollfd.ctypes.data, 2, wait)
             closed = r > 0 and ((pollfd[1] >> 16) & fastio.POLLNVAL) != 0  # closed meanwhile
-            if r < 0 or closed or (r == 0 and wait == SLICE_MS):  # or EINTR, or slice over
-                state[W_NOW] = fastio.monotonic(ts)
-                return RUN_RETURN
+            if r < 0 or closed or (r == 0 and wait == WAIT_SLICE_MS):  # or EINTR, or slice over
+                clock[Clock.NOW] = fastio.monotonic(ts)
+                return Run.RETURN
             if r == 0:
                 continue
             own = (pollfd[1] >> 16) != 0  # revents
@@ -418,91 +212,24 @@ def wait_and_pump(
             now = fastio.monotonic(ts)
         # readable, or a deadline is due: read first (results may be waiting
         # after this process was descheduled; resending their packets is spurious)
-        before = counters[K.K_RESULTS]
+        before = counters[K.Counter.RESULTS]
         got = 0
-        for rfd in (fd, bfd):  # its own socket, then the broadcast one (if any)
-            readable = own if rfd == fd else shared
-            if readable:
-                got += pump(
-                    now,
-                    rfd,
-                    rx_hdr,
-                    rx_hdr_ptr,
-                    cap,
-                    lens,
-                    src_ip,
-                    src_port,
-                    rx_names,
-                    ok,
-                    switch_ip,
-                    gro,
-                    g_hdr,
-                    g_hdr_ptr,
-                    g_names,
-                    g_cmsg,
-                    g_cmsg_ptr,
-                    g_land,
-                    g_mlens,
-                    g_gso,
-                    g_mip,
-                    g_mport,
-                    g_cursor,
-                    g_addr,
-                    tx_hdr,
-                    tx_hdr_ptr,
-                    tx_iov,
-                    tx_names,
-                    slot_ptr,
-                    slot_len,
-                    slot_ip,
-                    slot_port,
-                    ports,
-                    seg_max,
-                    buf,
-                    buf_addr,
-                    rows,
-                    xi,
-                    xf,
-                    oi,
-                    of,
-                    is_float,
-                    nchunks,
-                    nvals,
-                    nslots,
-                    num_workers,
-                    code,
-                    job_number,
-                    chunk,
-                    cur_set,
-                    next_set,
-                    deadline,
-                    rto,
-                    tries,
-                    my_exp,
-                    shared_exp,
-                    rto_min,
-                    rto_max,
-                    rtt,
-                    limit,
-                    send,
-                    counters,
-                    quiet,
-                    waiting,
-                    guard,
-                    fd,
-                )
+        if own:
+            got += pump(now, fd, io, ws, fd)
+        if shared:
+            got += pump(now, bfd, io, ws, fd)
         if got > 0:
-            state[W_WAKEUPS] += 1
-        if counters[K.K_RESULTS] != before:
-            state[W_PROGRESS] = now
+            clock[Clock.WAKEUPS] += 1
+        if counters[K.Counter.RESULTS] != before:
+            clock[Clock.PROGRESS] = now
         elif got == 0 and now >= due:
-            state[W_NOW] = now
-            return RUN_TIMER
+            clock[Clock.NOW] = now
+            return Run.TIMER
 
 
 class FastIO:
-    """The preallocated message vectors of one worker socket and the argument
-    groups of :func:`pump` and :func:`send_slots`, built once per membership.
+    """The preallocated message vectors of one worker socket, as the record
+    :class:`WorkerIO` the compiled loops take, built once per membership.
 
     ``batch`` receives datagrams (one per row; ``lens``/``ok`` per row), ``rows``
     are the protocol's outstanding packets (one per slot), slot s goes to
@@ -523,70 +250,47 @@ class FastIO:
     ) -> None:
         cap = batch.shape[0]
         k = rows.shape[0]
-        self.batch = batch
-        row_addr = batch.ctypes.data + batch.strides[0] * np.arange(cap, dtype=np.int64)
-        self.batch_args = (batch, row_addr)
-        self.cap = cap
-        self.lens = lens
-        self.rx = fastio.MsgVec(cap)
-        self.rx.point_at_rows(batch)
-        self.tx = fastio.MsgVec(k)
-        self.src_ip = np.zeros(cap, np.uint32)
-        self.src_port = np.zeros(cap, np.int32)
-        rx, tx = self.rx, self.tx
-        self.rx_args = (
-            rx.hdr,
-            rx.hdr_ptr,
-            cap,
-            lens,
-            self.src_ip,
-            self.src_port,
-            rx.names,
-            ok,
-            int(switch_ip),
-        )
-        # GRO: zero copy
-        self.gro = fastio.GroRx(fastio.GRO_MESSAGES, cap) if gro else fastio.GroRx(1)
-        self.gro_args = (bool(gro), *self.gro.args())  # the tail of fastio.receive's
-        self.rx_args += self.gro_args
-        self.tx_args = (tx.hdr, tx.hdr_ptr, tx.iov, tx.names)
-        self.pollfd = np.zeros(4, np.int32)  # 2 x struct pollfd {int fd; short events, revents}
+        rx = fastio.MsgVec(cap)
+        rx.point_at_rows(batch)
+        #: GRO: the datagrams are read where the kernel landed them (zero copy)
+        self.gro = bool(gro)
+        self._landing = fastio.GroRx(fastio.GRO_MESSAGES, cap) if gro else fastio.GroRx(1)
         self.bfd = -1  # the loopback-broadcast socket, if the job has one
-        self.ts = np.zeros(2, np.int64)  # struct timespec
-        self.slot_args = (
-            rows.ctypes.data + rows.strides[0] * np.arange(k, dtype=np.int64),
-            np.full(k, rows.shape[1], np.int64),
-            np.full(k, switch_ip, np.uint32),
-            np.array([ports[s % len(ports)] for s in range(k)], np.int32),
-            np.array(sorted(set(ports)), np.int32),
-            max(1, int(seg_max)),
+        self.io = WorkerIO(
+            rx=Receiver(rx.rx(), self.gro, self._landing.landing()),
+            rows=Rows(batch, lens, np.zeros(cap, np.uint32), np.zeros(cap, np.int32)),
+            row_addr=batch.ctypes.data + batch.strides[0] * np.arange(cap, dtype=np.int64),
+            ok=ok,
+            cap=cap,
+            switch_ip=int(switch_ip),
+            tx=fastio.MsgVec(k).tx(seg_max),
+            slots=Slots(
+                ptr=rows.ctypes.data + rows.strides[0] * np.arange(k, dtype=np.int64),
+                len=np.full(k, rows.shape[1], np.int64),
+                ip=np.full(k, switch_ip, np.uint32),
+                port=np.array([ports[s % len(ports)] for s in range(k)], np.int32),
+                ports=np.array(sorted(set(ports)), np.int32),
+            ),
+            pollfd=np.zeros(4, np.int32),  # 2 x struct pollfd {int fd; short events, revents}
+            ts=np.zeros(2, np.int64),
         )
 
-    def _args(self, result_args: tuple) -> tuple:
-        """:func:`pump`'s arguments after ``now, fd`` (:func:`wait_and_pump`'s after
-        its own), for an allreduce whose ``Allreduce.result_args`` are given."""
-        return (*self.rx_args, *self.tx_args, *self.slot_args, *self.batch_args, *result_args)
-
-    def pump(self, fd: int, now: float, result_args: tuple, rx_fd: int | None = None) -> int:
-        """:func:`pump` for an allreduce whose ``Allreduce.result_args`` are given:
-        receive from ``rx_fd`` (default ``fd``), send from ``fd``."""
-        return pump(float(now), fd if rx_fd is None else rx_fd, *self._args(result_args), fd)
+    def pump(self, fd: int, now: float, ws: K.WorkerState, rx_fd: int | None = None) -> int:
+        """:func:`pump` for the call ``ws``: receive from ``rx_fd`` (default
+        ``fd``), send from ``fd``."""
+        return pump(float(now), fd if rx_fd is None else rx_fd, self.io, ws, fd)
 
     def wait(
-        self, fd: int, state: np.ndarray, expected: int, no_progress: float, result_args: tuple
+        self, fd: int, clock: np.ndarray, expected: int, no_progress: float, ws: K.WorkerState
     ) -> int:
-        """:func:`wait_and_pump` for an allreduce whose ``Allreduce.result_args``
-        are given; returns its ``RUN_*`` status."""
-        args = self._args(result_args)
+        """:func:`wait_and_pump` for the call ``ws``; returns its :class:`Run` status."""
         # int/float exactly as the warm-up typed them: an int ``no_progress`` (60)
         # would otherwise compile a second specialization inside the first allreduce
-        return wait_and_pump(
-            fd, state, self.pollfd, self.ts, int(expected), float(no_progress), *args, self.bfd
-        )
+        return wait_and_pump(fd, self.bfd, clock, int(expected), float(no_progress), self.io, ws)
 
     def send(self, fd: int, send: np.ndarray, n: int) -> int:
         """Send the packets of the first ``n`` slots in ``send``."""
-        return send_slots(fd, *self.tx_args, send, n, *self.slot_args)
+        return send_slots(fd, self.io.tx, send, n, self.io.slots)
 
     def discard_all(self, fd: int) -> int:
         """:meth:`discard` the worker's socket ``fd`` and its broadcast socket, if any."""
@@ -594,21 +298,10 @@ class FastIO:
 
     def discard(self, fd: int) -> int:
         """Drain the socket between calls; return how many datagrams were dropped."""
-        rx = self.rx
+        io = self.io
         total = 0
         while True:
-            n, more = fastio.receive(
-                fd,
-                self.cap,
-                self.batch,
-                self.lens,
-                self.src_ip,
-                self.src_port,
-                rx.hdr,
-                rx.hdr_ptr,
-                rx.names,
-                *self.gro_args,
-            )
+            n, more = fastio.receive(fd, io.cap, io.rows, io.rx)
             total += n
             if not more:
                 return total
@@ -662,9 +355,9 @@ def warmup() -> None:
                 2,
                 True,
             )
-            io.pump(sock.fileno(), 0.0, op.result_args)
-            state = np.zeros(N_WAIT)
-            io.wait(sock.fileno(), state, 0, 1.0, op.result_args)  # returns at once: done
+            io.pump(sock.fileno(), 0.0, op.state)
+            clock = np.zeros(len(Clock))
+            io.wait(sock.fileno(), clock, 0, 1.0, op.state)  # returns at once: done
             io.send(sock.fileno(), op.send, 0)
             io.discard(sock.fileno())
     finally:

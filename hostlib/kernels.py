@@ -3,24 +3,18 @@
 All per-packet work of an allreduce runs here in batches: building packets
 (quantizing a chunk straight into a big-endian row), matching a batch of
 received results, storing them (dequantizing), advancing each slot to its
-next chunk, and finding the slots whose timers expired. :mod:`hostlib.protocol`
-owns the arrays and is the only caller; :mod:`hostlib.quant` holds the numpy
-twins used as test oracles for the quantization rules.
-
-Slot state (arrays of length K, one entry per slot of the window):
-
-``chunk[s]``   what slot s waits for: ``-1`` its exponent packet (float32),
-               ``i >= 0`` the result of chunk i, ``DONE`` nothing (finished)
-``cur_set[s]`` the shadow set of the outstanding packet
-``next_set[s]`` the set the slot uses next; belongs to the session, because
-               the parity continues across allreduce calls (docs/protocol.md §3)
-``deadline[s]``, ``rto[s]``, ``tries[s]`` retransmission timer state
-``rows[s]``    the outstanding packet itself: a retransmission resends it unchanged
+next chunk, and finding the slots whose timers expired. The kernels take one
+call's state as one record, :class:`WorkerState`; :mod:`hostlib.protocol`
+owns the arrays (:attr:`hostlib.protocol.Allreduce.state`), and it and the
+compiled I/O loop (:mod:`hostlib.fastpath`) are the callers. :mod:`hostlib.quant`
+holds the numpy twins used as test oracles for the quantization rules.
 """
 
 from __future__ import annotations
 
 import math
+from enum import IntEnum
+from typing import NamedTuple
 
 import numpy as np
 
@@ -39,29 +33,76 @@ from swemu.protocol.wire import EXP_NONE, EXP_TSI_BASE, HEADER_LEN
 
 from . import stream
 
-DONE = -2
+DONE = -2  # WorkerState.chunk[s]: the slot has nothing more to do in this call
 INT32_MAX = 2147483647
-
-# counters (columns of the ``counters`` array)
-K_RESULTS = 0  # results accepted
-K_IGNORED = 1  # datagrams ignored: stale, duplicate, foreign or malformed
-K_RETRANSMISSIONS = 2  # packets resent on timeout
-K_SENT = 3  # packets sent, first transmissions and retransmissions
-K_SPURIOUS = 4  # duplicate results: a retransmission turned out to be needless
-N_COUNTERS = 5
-
-# the retransmission timer's learned state (``rtt``, one per session)
-R_SRTT = 0  # smoothed round-trip time
-R_VAR = 1  # round-trip time variance
-R_SAMPLES = 2  # samples taken
-R_FLOOR = 3  # timeout floor raised by spurious timeouts (0: the configured one)
-R_RAISED = 4  # when the floor was last raised
-N_RTT = 5
 FLOOR_DECAY = 1.0 / 8192  # per RTT sample, the raised floor's way back down
 
 
+class Counter(IntEnum):
+    """Entries of ``WorkerState.counters`` (one call's)."""
+
+    RESULTS = 0  # results accepted
+    IGNORED = 1  # datagrams ignored: stale, duplicate, foreign or malformed
+    RETRANSMISSIONS = 2  # packets resent on timeout
+    SENT = 3  # packets sent, first transmissions and retransmissions
+    SPURIOUS = 4  # duplicate results: a retransmission turned out to be needless
+
+
+class Rtt(IntEnum):
+    """Entries of ``WorkerState.rtt``: the retransmission timer's learned state
+    (one per session: it carries over to the next call)."""
+
+    SRTT = 0  # smoothed round-trip time
+    VAR = 1  # round-trip time variance
+    SAMPLES = 2  # samples taken
+    FLOOR = 3  # timeout floor raised by spurious timeouts (0: the configured one)
+    RAISED = 4  # when the floor was last raised
+
+
+class WorkerState(NamedTuple):
+    """One allreduce call as the kernels see it. The window has K slots (the
+    job's pool size); slot s carries chunks s, s + K, s + 2K, ... of ``nvals``
+    values each. :class:`hostlib.protocol.Allreduce` owns the per-call arrays,
+    :class:`hostlib.protocol.WorkerProtocol` those that outlive a call."""
+
+    # --- the data: int32 calls use xi/oi, float32 calls xf/of (the other pair is empty)
+    xi: np.ndarray  # int32[n]: the input
+    xf: np.ndarray  # float32[n]
+    oi: np.ndarray  # int32[n]: the output
+    of: np.ndarray  # float32[n]
+    is_float: bool
+    my_exp: np.ndarray  # int8[nchunks]: this worker's exponent of each chunk (float32)
+    shared_exp: np.ndarray  # int8[nchunks]: the job's, from the switch's results
+    limit: float  # the largest |quantized value|: (2^31 - 1) / W, so W terms never overflow
+    # --- the call
+    nchunks: int
+    nvals: int  # values per packet
+    nslots: int  # K
+    num_workers: int
+    code: int  # size code
+    job_number: int  # the call's number modulo 256
+    # --- the window: one entry per slot
+    rows: np.ndarray  # uint8[K, packet_len]: the outstanding packet (a retransmission resends it)
+    chunk: np.ndarray  # int64[K]: what the slot waits for: -1 its exponent packet, i >= 0
+    #                   the result of chunk i, DONE nothing
+    cur_set: np.ndarray  # uint8[K]: the shadow set of the outstanding packet
+    next_set: np.ndarray  # uint8[K]: the set it uses next (session-long: docs/protocol.md §3)
+    deadline: np.ndarray  # float64[K]: when it is resent (or first sent, if waiting)
+    rto: np.ndarray  # float64[K]: its timeout
+    tries: np.ndarray  # int32[K]: retransmissions of the outstanding packet
+    quiet: np.ndarray  # float64[K]: last transmission + reorder guard (session-long)
+    waiting: np.ndarray  # uint8[K]: 1 while a new packet waits for the quiet time to end
+    send: np.ndarray  # int32[K]: the kernels' answer: the slots whose packet to send
+    # --- the timer
+    rto_min: float  # the first packets' timeout and the floor of the adaptive one
+    rto_max: float
+    guard: float  # the reorder guard (seconds; 0: links keep order)
+    rtt: np.ndarray  # float64[Rtt]: the timer's learned state (session-long)
+    counters: np.ndarray  # int64[Counter]
+
+
 @kernel
-def _chunk_exponents(x, nvals, out):
+def chunk_exponents(x, nvals, out):
     """``out[c]`` = frexp exponent of max|x| over chunk c, -128 for an all-zero
     chunk; returns 1 if any value is NaN/Inf, 2 if max|x| >= 2^127, else 0.
 
@@ -126,8 +167,8 @@ def _payload(row, nvals):
 def _fill_data(row, xi, xf, is_float, chunk, nvals, shared_exp, num_workers, limit):
     """Quantize chunk ``chunk`` into the payload of ``row`` (zero-padded).
 
-    The loops run over the chunk's own slice, indexed like the payload: with
-    ``xf[i]``/``p[i - lo]`` they took 16 ms per 64 MiB instead of 11."""
+    The loops run over the chunk's own slice, indexed like the payload (with
+    ``xf[i]``/``p[i - lo]`` LLVM vectorizes them less well)."""
     n = xf.shape[0] if is_float else xi.shape[0]
     lo = chunk * nvals
     hi = min(lo + nvals, n)
@@ -176,10 +217,10 @@ def _timeout(rtt, rto_min, rto_max):
     """A new packet's timeout: ``srtt + 4 rttvar`` (RFC 6298) within
     ``[floor, rto_max]``; the floor is ``rto_min`` unless spurious timeouts
     raised it. Before the first sample, the floor itself."""
-    floor = max(rto_min, rtt[R_FLOOR])
-    if rtt[R_SAMPLES] == 0:
+    floor = max(rto_min, rtt[Rtt.FLOOR])
+    if rtt[Rtt.SAMPLES] == 0:
         return min(floor, rto_max)
-    return min(max(floor, rtt[R_SRTT] + 4.0 * rtt[R_VAR]), rto_max)
+    return min(max(floor, rtt[Rtt.SRTT] + 4.0 * rtt[Rtt.VAR]), rto_max)
 
 
 @kernel
@@ -191,159 +232,87 @@ def _spurious(rtt, now, rto0, rto_max):
     lengthen the queue further; so the floor becomes twice the timeout in use,
     at most once per timeout (one timer event gives a burst of duplicates), and
     decays again slowly."""
-    if now - rtt[R_RAISED] >= rto0:
-        rtt[R_FLOOR] = min(2.0 * rto0, rto_max)
-        rtt[R_RAISED] = now
+    if now - rtt[Rtt.RAISED] >= rto0:
+        rtt[Rtt.FLOOR] = min(2.0 * rto0, rto_max)
+        rtt[Rtt.RAISED] = now
 
 
 @kernel(inline=True)
-def _advance(
-    s,
-    now,
-    rows,
-    xi,
-    xf,
-    is_float,
-    nchunks,
-    nvals,
-    nslots,
-    num_workers,
-    code,
-    job_number,
-    chunk,
-    cur_set,
-    next_set,
-    deadline,
-    rto,
-    tries,
-    my_exp,
-    shared_exp,
-    rto0,
-    limit,
-):
+def _advance(s, now, ws, rto0):
     """Move slot s to its next chunk and build that packet; return False if done."""
-    c = chunk[s]
-    nxt = s if c == -1 else c + nslots
-    if nxt >= nchunks:
-        chunk[s] = DONE
+    c = ws.chunk[s]
+    nxt = s if c == -1 else c + ws.nslots
+    if nxt >= ws.nchunks:
+        ws.chunk[s] = DONE
         return False
-    chunk[s] = nxt
-    st = next_set[s]
-    cur_set[s] = st
-    next_set[s] = 1 - st
+    ws.chunk[s] = nxt
+    st = ws.next_set[s]
+    ws.cur_set[s] = st
+    ws.next_set[s] = 1 - st
     e0 = 0
-    if is_float:
-        e0 = my_exp[nxt + nslots] if nxt + nslots < nchunks else EXP_NONE
-    row = rows[s]
-    write_header(row, code, job_number, nxt, st, s, e0, 0)
-    _fill_data(row, xi, xf, is_float, nxt, nvals, shared_exp, num_workers, limit)
-    deadline[s] = now + rto0
-    rto[s] = rto0
-    tries[s] = 0
+    if ws.is_float:
+        e0 = ws.my_exp[nxt + ws.nslots] if nxt + ws.nslots < ws.nchunks else EXP_NONE
+    row = ws.rows[s]
+    write_header(row, ws.code, ws.job_number, nxt, st, s, e0, 0)
+    _fill_data(
+        row, ws.xi, ws.xf, ws.is_float, nxt, ws.nvals, ws.shared_exp, ws.num_workers, ws.limit
+    )
+    ws.deadline[s] = now + rto0
+    ws.rto[s] = rto0
+    ws.tries[s] = 0
     return True
 
 
 @kernel
-def _start(
-    now,
-    rows,
-    xi,
-    xf,
-    oi,
-    of,
-    is_float,
-    nchunks,
-    nvals,
-    nslots,
-    num_workers,
-    code,
-    job_number,
-    chunk,
-    cur_set,
-    next_set,
-    deadline,
-    rto,
-    tries,
-    my_exp,
-    shared_exp,
-    rto_min,
-    rto_max,
-    rtt,
-    limit,
-    send,
-    counters,
-    quiet,
-    waiting,
-    guard,
-):
-    """Build the first packet of every slot in use; return how many to send now
-    (slots still quiet after their last transmission wait for the timer). Takes
-    the arguments of :func:`_on_results`; the first packets' timeout is the one
-    learned so far (:func:`_timeout`)."""
-    rto0 = _timeout(rtt, rto_min, rto_max)
-    used = min(nslots, nchunks)
+def start(now, ws):
+    """Build the first packet of every slot in use (of ``ws``, a
+    :class:`WorkerState`); return how many to send now (the first of
+    ``ws.send``; slots still quiet after their last transmission wait for the
+    timer). The first packets' timeout is the one learned so far
+    (:func:`_timeout`)."""
+    rto0 = _timeout(ws.rtt, ws.rto_min, ws.rto_max)
+    nslots = ws.nslots
+    used = min(nslots, ws.nchunks)
     n_send = 0
     for s in range(used):
-        if is_float:
+        if ws.is_float:
             # exponent packet: values zero, e0 = exponent of chunk s
-            st = next_set[s]
-            cur_set[s] = st
-            next_set[s] = 1 - st
-            chunk[s] = -1
-            row = rows[s]
-            write_header(row, code, job_number, EXP_TSI_BASE + s, st, s, my_exp[s], 0)
-            for i in range(HEADER_LEN, HEADER_LEN + 4 * nvals):
+            st = ws.next_set[s]
+            ws.cur_set[s] = st
+            ws.next_set[s] = 1 - st
+            ws.chunk[s] = -1
+            row = ws.rows[s]
+            write_header(row, ws.code, ws.job_number, EXP_TSI_BASE + s, st, s, ws.my_exp[s], 0)
+            for i in range(HEADER_LEN, HEADER_LEN + 4 * ws.nvals):
                 row[i] = 0
-            deadline[s] = now + rto0
-            rto[s] = rto0
-            tries[s] = 0
+            ws.deadline[s] = now + rto0
+            ws.rto[s] = rto0
+            ws.tries[s] = 0
         else:
-            chunk[s] = s - nslots  # so that _advance moves it to chunk s
-            _advance(
-                s,
-                now,
-                rows,
-                xi,
-                xf,
-                is_float,
-                nchunks,
-                nvals,
-                nslots,
-                num_workers,
-                code,
-                job_number,
-                chunk,
-                cur_set,
-                next_set,
-                deadline,
-                rto,
-                tries,
-                my_exp,
-                shared_exp,
-                rto0,
-                limit,
-            )
-        n_send = _send_or_wait(s, now, send, n_send, deadline, quiet, waiting, guard)
+            ws.chunk[s] = s - nslots  # so that _advance moves it to chunk s
+            _advance(s, now, ws, rto0)
+        n_send = _send_or_wait(s, now, ws, n_send)
     for s in range(used, nslots):
-        chunk[s] = DONE
-        waiting[s] = 0
+        ws.chunk[s] = DONE
+        ws.waiting[s] = 0
     return n_send
 
 
-@kernel
-def _send_or_wait(s, now, send, n_send, deadline, quiet, waiting, guard):
-    """Queue slot s's new packet, or hold it until the slot's quiet time ends.
+@kernel(inline=True)
+def _send_or_wait(s, now, ws, n_send):
+    """Queue slot s's new packet (as the ``n_send``-th of ``ws.send``; returns
+    the new count), or hold it until the slot's quiet time ends.
 
     ``quiet[s]`` is the last transmission on slot s plus the reorder guard: a
     new packet must not overtake stale copies of the previous one (the switch
     would take a late copy of an old round for a new contribution)."""
-    if now < quiet[s]:
-        waiting[s] = 1
-        deadline[s] = quiet[s]
+    if now < ws.quiet[s]:
+        ws.waiting[s] = 1
+        ws.deadline[s] = ws.quiet[s]
         return n_send
-    waiting[s] = 0
-    quiet[s] = now + guard
-    send[n_send] = s
+    ws.waiting[s] = 0
+    ws.quiet[s] = now + ws.guard
+    ws.send[n_send] = s
     return n_send + 1
 
 
@@ -359,102 +328,69 @@ def _previous(s, c, nslots, is_float):
 
 
 @kernel
-def _on_results(
-    addrs,
-    lens,
-    ok,
-    n,
-    now,
-    rows,
-    xi,
-    xf,
-    oi,
-    of,
-    is_float,
-    nchunks,
-    nvals,
-    nslots,
-    num_workers,
-    code,
-    job_number,
-    chunk,
-    cur_set,
-    next_set,
-    deadline,
-    rto,
-    tries,
-    my_exp,
-    shared_exp,
-    rto_min,
-    rto_max,
-    rtt,
-    limit,
-    send,
-    counters,
-    quiet,
-    waiting,
-    guard,
-):
+def on_results(addrs, lens, ok, n, now, ws):
     """Match a batch of received datagrams; store results, advance slots.
 
     Datagram r is ``lens[r]`` bytes at address ``addrs[r]`` (a row of the
     caller's batch, or where the kernel landed it: ``fastio.GroRx``, zero copy).
     ``ok[r]`` is 0 for datagrams that did not come from the switch. Returns the
-    number of slots in ``send`` whose (new) packet must be sent. ``rtt`` holds
-    the timer's learned state (``R_*``); a new packet's timeout is
-    ``srtt + 4 rttvar`` within ``[floor, rto_max]`` (:func:`_timeout`), so a
-    loaded machine or a long link queue does not turn slow results into a
-    retransmission storm; duplicate results raise the floor (:func:`_spurious`)."""
+    number of slots in ``ws.send`` whose (new) packet must be sent. A new
+    packet's timeout is ``srtt + 4 rttvar`` within ``[floor, rto_max]``
+    (:func:`_timeout`, ``ws.rtt``), so a loaded machine or a long link queue
+    does not turn slow results into a retransmission storm; duplicate results
+    raise the floor (:func:`_spurious`)."""
+    rtt, counters, chunk = ws.rtt, ws.counters, ws.chunk
+    nvals, nslots, is_float = ws.nvals, ws.nslots, ws.is_float
     n_send = 0
     plen = HEADER_LEN + 4 * nvals
-    rto0 = _timeout(rtt, rto_min, rto_max)
-    n_total = of.shape[0] if is_float else oi.shape[0]
+    rto0 = _timeout(rtt, ws.rto_min, ws.rto_max)
+    n_total = ws.of.shape[0] if is_float else ws.oi.shape[0]
     streaming = 4 * n_total >= stream.MIN_BYTES  # a large output: streaming stores
     streamed = False
     for r in range(n):
         if ok[r] == 0 or lens[r] != plen:
-            counters[K_IGNORED] += 1
+            counters[Counter.IGNORED] += 1
             continue
         row = bytes_at(addrs[r], plen)
-        if row[0] != type_size_byte(code) or row[1] != job_number:
-            counters[K_IGNORED] += 1
+        if row[0] != type_size_byte(ws.code) or row[1] != ws.job_number:
+            counters[Counter.IGNORED] += 1
             continue
         pi = read_pool_index(row)
         st = pool_set(pi)
         s = pool_slot(pi)
         if s >= nslots:
-            counters[K_IGNORED] += 1
+            counters[Counter.IGNORED] += 1
             continue
         c = chunk[s]
         tsi = read_tsi(row)
-        if c == DONE or waiting[s] != 0 or st != cur_set[s]:
+        if c == DONE or ws.waiting[s] != 0 or st != ws.cur_set[s]:
             # the result of the slot's previous packet once more?
-            if c >= 0 and st != cur_set[s] and tsi == _previous(s, c, nslots, is_float):
-                counters[K_SPURIOUS] += 1
-                _spurious(rtt, now, rto0, rto_max)
-            counters[K_IGNORED] += 1
+            if c >= 0 and st != ws.cur_set[s] and tsi == _previous(s, c, nslots, is_float):
+                counters[Counter.SPURIOUS] += 1
+                _spurious(rtt, now, rto0, ws.rto_max)
+            counters[Counter.IGNORED] += 1
             continue
         expect = EXP_TSI_BASE + s if c == -1 else c
         if tsi != expect:
-            counters[K_IGNORED] += 1
+            counters[Counter.IGNORED] += 1
             continue
         e0 = read_e0(row)
-        counters[K_RESULTS] += 1
-        if tries[s] == 0:
+        counters[Counter.RESULTS] += 1
+        if ws.tries[s] == 0:
             # RTT sample (Karn: never from a retransmitted packet), RFC 6298 smoothing
-            sample = now - (deadline[s] - rto[s])
-            if rtt[R_SAMPLES] == 0:
-                rtt[R_SRTT] = sample
-                rtt[R_VAR] = sample / 2
+            sample = now - (ws.deadline[s] - ws.rto[s])
+            if rtt[Rtt.SAMPLES] == 0:
+                rtt[Rtt.SRTT] = sample
+                rtt[Rtt.VAR] = sample / 2
             else:
-                rtt[R_VAR] = 0.75 * rtt[R_VAR] + 0.25 * abs(rtt[R_SRTT] - sample)
-                rtt[R_SRTT] = 0.875 * rtt[R_SRTT] + 0.125 * sample
-            rtt[R_SAMPLES] += 1
-            if rtt[R_FLOOR] > rto_min:
-                rtt[R_FLOOR] -= (rtt[R_FLOOR] - rto_min) * FLOOR_DECAY
-            rto0 = _timeout(rtt, rto_min, rto_max)
+                rtt[Rtt.VAR] = 0.75 * rtt[Rtt.VAR] + 0.25 * abs(rtt[Rtt.SRTT] - sample)
+                rtt[Rtt.SRTT] = 0.875 * rtt[Rtt.SRTT] + 0.125 * sample
+            rtt[Rtt.SAMPLES] += 1
+            if rtt[Rtt.FLOOR] > ws.rto_min:
+                rtt[Rtt.FLOOR] -= (rtt[Rtt.FLOOR] - ws.rto_min) * FLOOR_DECAY
+            rto0 = _timeout(rtt, ws.rto_min, ws.rto_max)
         if c == -1:
-            shared_exp[s] = e0
+            ws.shared_exp[s] = e0
         else:
             lo = c * nvals
             hi = min(lo + nvals, n_total)
@@ -464,79 +400,56 @@ def _on_results(
             # and vectorize (with ``of[i]``/``p[i - lo]`` they took twice as long);
             # they store what the streaming stores left (all without streaming)
             if is_float:
-                inv = 1.0 / _scale(shared_exp[c], num_workers)
-                o = of[lo:hi]
+                inv = 1.0 / _scale(ws.shared_exp[c], ws.num_workers)
+                o = ws.of[lo:hi]
                 a, b = _streamed_part(o, src, inv, True, streaming)
                 for i in range(a):
                     o[i] = np.float32(np.float64(np.int32(bswap32(p[i]))) * inv)
                 for i in range(b, hi - lo):
                     o[i] = np.float32(np.float64(np.int32(bswap32(p[i]))) * inv)
             else:
-                o = oi[lo:hi]
+                o = ws.oi[lo:hi]
                 a, b = _streamed_part(o, src, 1.0, False, streaming)
                 for i in range(a):
                     o[i] = np.int32(bswap32(p[i]))
                 for i in range(b, hi - lo):
                     o[i] = np.int32(bswap32(p[i]))
             streamed = streamed or streaming
-            if is_float and c + nslots < nchunks:
-                shared_exp[c + nslots] = e0
-        if _advance(
-            s,
-            now,
-            rows,
-            xi,
-            xf,
-            is_float,
-            nchunks,
-            nvals,
-            nslots,
-            num_workers,
-            code,
-            job_number,
-            chunk,
-            cur_set,
-            next_set,
-            deadline,
-            rto,
-            tries,
-            my_exp,
-            shared_exp,
-            rto0,
-            limit,
-        ):
-            n_send = _send_or_wait(s, now, send, n_send, deadline, quiet, waiting, guard)
+            if is_float and c + nslots < ws.nchunks:
+                ws.shared_exp[c + nslots] = e0
+        if _advance(s, now, ws, rto0):
+            n_send = _send_or_wait(s, now, ws, n_send)
     if streamed:
         stream.fence()  # the results are visible to every thread before they count as in
     return n_send
 
 
 @kernel
-def _on_timer(
-    now, chunk, deadline, rto, tries, rto_max, backoff_after, send, counters, quiet, waiting, guard
-):
+def on_timer(now, ws, backoff_after):
     """Slots whose timer expired: send held packets, resend (the same packet)
-    unanswered ones, and back off after repeated timeouts."""
+    unanswered ones, and back off (double the timeout, up to ``rto_max``) after
+    every ``backoff_after`` timeouts in a row. Returns the count in ``ws.send``."""
+    chunk, deadline, rto, tries = ws.chunk, ws.deadline, ws.rto, ws.tries
     n_send = 0
     for s in range(chunk.shape[0]):
         if chunk[s] == DONE or deadline[s] > now:
             continue
-        if waiting[s] != 0:  # quiet time over: first transmission
-            waiting[s] = 0
+        if ws.waiting[s] != 0:  # quiet time over: first transmission
+            ws.waiting[s] = 0
         else:
             tries[s] += 1
             if tries[s] % backoff_after == 0:
-                rto[s] = min(rto[s] * 2.0, rto_max)
-            counters[K_RETRANSMISSIONS] += 1
+                rto[s] = min(rto[s] * 2.0, ws.rto_max)
+            ws.counters[Counter.RETRANSMISSIONS] += 1
         deadline[s] = now + rto[s]
-        quiet[s] = now + guard
-        send[n_send] = s
+        ws.quiet[s] = now + ws.guard
+        ws.send[n_send] = s
         n_send += 1
     return n_send
 
 
 @kernel
-def _next_deadline(chunk, deadline):
+def next_deadline(chunk, deadline):
     """Earliest deadline of an active slot (inf if none)."""
     t = np.inf
     for s in range(chunk.shape[0]):

@@ -120,7 +120,7 @@ class WorkerProtocol:
         self.next_set = np.zeros(window, np.uint8)
         self.calls = 0
         self.rows = np.zeros((window, wire.packet_len(size_code)), np.uint8)
-        self.rtt = np.zeros(K.N_RTT, np.float64)  # the timer's learned state (K.R_*)
+        self.rtt = np.zeros(len(K.Rtt), np.float64)  # the timer's learned state
         self.quiet = np.zeros(window, np.float64)  # per slot: last transmission + reorder guard
 
     def allreduce(self, x: np.ndarray, out: np.ndarray | None, now: float) -> Allreduce:
@@ -151,7 +151,7 @@ class Allreduce:
         self.tries = np.zeros(k, np.int32)
         self.send = np.zeros(k, np.int32)
         self.waiting = np.zeros(k, np.uint8)
-        self.counters = np.zeros(K.N_COUNTERS, np.int64)
+        self.counters = np.zeros(len(K.Counter), np.int64)
         self.my_exp = np.zeros(self.nchunks if self.is_float else 0, np.int8)
         self.shared_exp = np.zeros_like(self.my_exp)
         # the kernels take both typed views; the unused pair is empty
@@ -164,9 +164,41 @@ class Allreduce:
         self.expected_results = self.nchunks + (min(k, self.nchunks) if self.is_float else 0)
         self.last_progress = now
         self._started = False
-        self._rargs: tuple | None = None
+        t = proto.timing
+        #: the call as the kernels take it (:class:`hostlib.kernels.WorkerState`)
+        self.state = K.WorkerState(
+            xi=self.xi,
+            xf=self.xf,
+            oi=self.oi,
+            of=self.of,
+            is_float=bool(self.is_float),
+            my_exp=self.my_exp,
+            shared_exp=self.shared_exp,
+            limit=self.limit,
+            nchunks=int(self.nchunks),
+            nvals=int(nv),
+            nslots=int(k),
+            num_workers=int(proto.num_workers),
+            code=int(proto.size_code),
+            job_number=int(job_number),
+            rows=proto.rows,
+            chunk=self.chunk,
+            cur_set=self.cur_set,
+            next_set=proto.next_set,
+            deadline=self.deadline,
+            rto=self.rto,
+            tries=self.tries,
+            quiet=proto.quiet,
+            waiting=self.waiting,
+            send=self.send,
+            rto_min=float(t.timeout),
+            rto_max=float(t.max_timeout),
+            guard=float(t.reorder_guard),
+            rtt=proto.rtt,
+            counters=self.counters,
+        )
         if self.is_float:
-            status = K._chunk_exponents(x, nv, self.my_exp)
+            status = K.chunk_exponents(x, nv, self.my_exp)
             if status == 1:
                 raise ValueError("float32 input contains NaN or Inf; SwitchML cannot sum it")
             if status == 2:
@@ -179,91 +211,36 @@ class Allreduce:
     def done(self) -> bool:
         """Every result is in: one per chunk, plus one exponent result per slot used
         (float32). Each accepted result advances its slot once, so the count decides."""
-        return self.nchunks == 0 or int(self.counters[K.K_RESULTS]) == self.expected_results
-
-    @property
-    def result_args(self) -> tuple:
-        """The arguments of :func:`hostlib.kernels._on_results` (and ``_start``)
-        after ``now`` (built once per call: the compiled I/O loop of the client
-        takes them too)."""
-        if self._rargs is None:
-            p = self.proto
-            t = p.timing
-            self._rargs = (
-                p.rows,
-                self.xi,
-                self.xf,
-                self.oi,
-                self.of,
-                self.is_float,
-                self.nchunks,
-                p.nvals,
-                p.window,
-                p.num_workers,
-                int(p.size_code),
-                self.job_number,
-                self.chunk,
-                self.cur_set,
-                p.next_set,
-                self.deadline,
-                self.rto,
-                self.tries,
-                self.my_exp,
-                self.shared_exp,
-                t.timeout,
-                t.max_timeout,
-                p.rtt,
-                self.limit,
-                self.send,
-                self.counters,
-                p.quiet,
-                self.waiting,
-                t.reorder_guard,
-            )
-        return self._rargs
+        return self.nchunks == 0 or int(self.counters[K.Counter.RESULTS]) == self.expected_results
 
     def initial(self, now: float) -> int:
         """Build the first window; return the count of slots in :attr:`send` to send."""
         if self.nchunks == 0:
             return 0
-        n = K._start(now, *self.result_args)
+        n = K.start(now, self.state)
         self._started = True
-        self.counters[K.K_SENT] += n
+        self.counters[K.Counter.SENT] += n
         return n
 
     def receive(self, buf: np.ndarray, lens: np.ndarray, ok: np.ndarray, n: int, now: float) -> int:
         """Feed ``n`` received datagrams (rows of ``buf``); ``ok[r]`` says it came
         from the switch. Returns the count of slots in :attr:`send` to send."""
-        before = self.counters[K.K_RESULTS]
+        before = self.counters[K.Counter.RESULTS]
         addrs = buf.ctypes.data + buf.strides[0] * np.arange(n, dtype=np.int64)
-        m = K._on_results(addrs, lens, ok, n, now, *self.result_args)
-        if self.counters[K.K_RESULTS] != before:
+        m = K.on_results(addrs, lens, ok, n, now, self.state)
+        if self.counters[K.Counter.RESULTS] != before:
             self.last_progress = now
-        self.counters[K.K_SENT] += m
+        self.counters[K.Counter.SENT] += m
         return m
 
     def get_timer(self) -> float:
         """When :meth:`handle_timer` should next run (inf when done)."""
-        return float(K._next_deadline(self.chunk, self.deadline))
+        return float(K.next_deadline(self.chunk, self.deadline))
 
     def handle_timer(self, now: float) -> int:
         """Retransmit expired slots; return the count of slots in :attr:`send`."""
-        t = self.proto.timing
-        m = K._on_timer(
-            now,
-            self.chunk,
-            self.deadline,
-            self.rto,
-            self.tries,
-            t.max_timeout,
-            t.backoff_after,
-            self.send,
-            self.counters,
-            self.proto.quiet,
-            self.waiting,
-            t.reorder_guard,
-        )
-        self.counters[K.K_SENT] += m
+        m = K.on_timer(now, self.state, int(self.proto.timing.backoff_after))
+        self.counters[K.Counter.SENT] += m
         return m
 
     def check(self, now: float, where: str = "the switch") -> None:
@@ -275,10 +252,10 @@ class Allreduce:
         oldest = int(active[np.argmin(self.chunk[active])])
         c = int(self.chunk[oldest])
         what = "the exponent packet" if c == -1 else f"chunk {c}"
-        got = int(self.counters[K.K_RESULTS])
+        got = int(self.counters[K.Counter.RESULTS])
         if got == 0:  # not a slot count: slots without a chunk count as finished from the start
             tail = (
-                f"not one result of this call has arrived ({int(self.counters[K.K_SENT])} "
+                f"not one result of this call has arrived ({int(self.counters[K.Counter.SENT])} "
                 "packets sent): the switch may be unreachable or not running, or no other "
                 "worker is sending."
             )

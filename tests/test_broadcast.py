@@ -153,7 +153,7 @@ def test_one_datagram_per_result_unless_egress_faults_are_set():
     # gets (loss, duplication, delay, link rate are per copy)
     from conftest import packet
 
-    from swemu.core import kernels as K
+    from swemu.core.state import BROADCAST_IP, FaultParam
 
     eng = SwitchEngine(EngineConfig(pool_size=8, max_jobs=2))
     eng.broadcast_ports = hold_broadcast_port
@@ -167,12 +167,12 @@ def test_one_datagram_per_result_unless_egress_faults_are_set():
         return eng.receive_datagram(packet(0, slot_set, 2), (0x7F000001, 6001))[1]
 
     out = complete(0)
-    assert [addr for _, addr in out] == [(K.BROADCAST_IP, port)]
-    eng.faults[j, 1, K.P_LOSS_OUT] = 0.5
+    assert [addr for _, addr in out] == [(BROADCAST_IP, port)]
+    eng.faults[j, 1, FaultParam.LOSS_OUT] = 0.5
     out = complete(1)
     assert sorted(addr for _, addr in out) == [(0x7F000001, 6000), (0x7F000001, 6001)]
-    eng.faults[j, 1, K.P_LOSS_OUT] = 0.0
-    assert [addr for _, addr in complete(0)] == [(K.BROADCAST_IP, port)]
+    eng.faults[j, 1, FaultParam.LOSS_OUT] = 0.0
+    assert [addr for _, addr in complete(0)] == [(BROADCAST_IP, port)]
 
 
 def test_engine_offers_a_held_port_and_uses_it_only_when_every_rank_asked():

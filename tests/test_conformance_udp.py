@@ -39,8 +39,8 @@ from conformance import (
 )
 
 import swemu
-from swemu.core import kernels as K
 from swemu.core.engine import Action, Batch, EngineConfig
+from swemu.core.state import GlobalCounter, JobCounter
 from swemu.protocol.proto import switchml_pb2 as pb
 from swemu.protocol.proto import switchml_pb2_grpc as pb_grpc
 
@@ -124,15 +124,15 @@ class LoopbackNet:
 def _totals(engine: Any) -> dict[str, int]:
     jobs = engine.job_counters.sum(axis=0)
     return {
-        "pkts_in": int(engine.global_counters[K.G_PKTS_IN]),
-        "unknown": int(engine.global_counters[K.G_DROP_UNKNOWN_SOURCE]),
-        "malformed": int(jobs[K.C_DROP_MALFORMED]),
-        "wrong_size": int(jobs[K.C_DROP_WRONG_SIZE]),
-        "slot_range": int(jobs[K.C_DROP_SLOT_RANGE]),
-        "unicast": int(jobs[K.C_UNICAST]),
-        "multicast": int(jobs[K.C_MULTICAST]),
-        "retransmissions": int(jobs[K.C_RETRANSMISSIONS]),
-        "aggregated": int(jobs[K.C_AGGREGATED]),
+        "pkts_in": int(engine.global_counters[GlobalCounter.PKTS_IN]),
+        "unknown": int(engine.global_counters[GlobalCounter.DROP_UNKNOWN_SOURCE]),
+        "malformed": int(jobs[JobCounter.DROP_MALFORMED]),
+        "wrong_size": int(jobs[JobCounter.DROP_WRONG_SIZE]),
+        "slot_range": int(jobs[JobCounter.DROP_SLOT_RANGE]),
+        "unicast": int(jobs[JobCounter.UNICAST]),
+        "multicast": int(jobs[JobCounter.MULTICAST]),
+        "retransmissions": int(jobs[JobCounter.RETRANSMISSIONS]),
+        "aggregated": int(jobs[JobCounter.AGGREGATED]),
     }
 
 

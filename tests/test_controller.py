@@ -35,13 +35,13 @@ import swemu
 from p4.controller import BfrtError, RecordingBfrt, TofinoTarget, WorkerPort, load_schema
 from p4.controller import bfrt_target as bt
 from p4.controller.p4_schema import P4Program
-from swemu.core import kernels as K
 from swemu.core.controller import (
     DropSimulation,
     RegistrationError,
     SessionController,
 )
 from swemu.core.engine import Action, EmulatorTarget, EngineConfig, SwitchEngine
+from swemu.core.state import FaultCounter, FaultParam
 from swemu.protocol import wire
 from swemu.protocol.proto import switchml_pb2 as pb
 from swemu.protocol.proto import switchml_pb2_grpc as pb_grpc
@@ -568,8 +568,8 @@ def test_drop_simulation_settings_reach_the_target():
         session_id=2, rank=0, num_workers=2, ipv4=LOCALHOST, udp_port=2, packet_size=0
     )
     for job in (old, new):
-        assert (engine.faults[job.index, :, K.P_LOSS_IN] == 0.01).all()
-        assert (engine.faults[job.index, :, K.P_LOSS_OUT] == 0.25).all()
+        assert (engine.faults[job.index, :, FaultParam.LOSS_IN] == 0.01).all()
+        assert (engine.faults[job.index, :, FaultParam.LOSS_OUT] == 0.25).all()
     assert emu.read_state()["drop_simulation"] == {"ingress": 0.01, "egress": 0.25}
     assert DropSimulation.threshold(0.25) == 0x3FFF  # p4app-switchML's 16-bit encoding
     with pytest.raises(ValueError, match="ingress drop probability"):
@@ -597,7 +597,7 @@ async def test_egress_drop_simulation_drops_results_on_the_wire(peers):
         emu.engine.controller.set_drop_simulation(0.0, 1.0)
         a.send(packet(slot=0, values=3), emu.data_address)
         assert await a.recv(timeout=0.3) is None
-        assert engine_fault(emu.engine, 5, K.F_LOSS_OUT) == 1
+        assert engine_fault(emu.engine, 5, FaultCounter.LOSS_OUT) == 1
         emu.engine.controller.set_drop_simulation(0.0, 0.0)
         a.send(packet(slot=1, values=4), emu.data_address)
         got = await a.recv()

@@ -133,15 +133,13 @@ def test_send_batch_gso_delivers_every_datagram_in_order_per_address(seg_max):
         v = fastio.MsgVec(16)  # fewer messages than datagrams: several rounds
         n = 100
         buf, lens, dst, ports, ips, ptr = _mixed_batch(rxs, n, seg_max)
-        vec = (v.hdr, v.hdr_ptr, v.iov, v.names)
-        sent = fastio.send_batch_gso(
-            tx.fileno(), *vec, v.cmsg, v.cmsg_ptr, n, ptr, lens, ips, ports, seg_max
-        )
+        out = fastio.Sends(ptr, lens, ips, ports)
+        sent = fastio.send_batch_gso(tx.fileno(), v.tx(seg_max), n, out)
         assert sent == n
         for i, r in enumerate(rxs):
             want = [buf[k, : lens[k]].tobytes() for k in range(n) if dst[k] == i]
             assert _received(r) == want
-        assert fastio.send_batch(tx.fileno(), *vec, 3, ptr, lens, ips, ports) == 3
+        assert fastio.send_batch(tx.fileno(), v.tx(), 3, out) == 3
         got = [g for r in rxs for g in _received(r)]
         assert sorted(got) == sorted(buf[k, : lens[k]].tobytes() for k in range(3))
     finally:
@@ -161,9 +159,9 @@ n = 6
 buf = np.arange(n * 8202, dtype=np.uint32).astype(np.uint8).reshape(n, 8202)
 ptr = buf.ctypes.data + 8202 * np.arange(n, dtype=np.int64)
 lens = np.full(n, 8202, np.int64)
-sent = fastio.send_batch_gso(tx.fileno(), v.hdr, v.hdr_ptr, v.iov, v.names, v.cmsg,
-    v.cmsg_ptr, n, ptr, lens, np.full(n, 0x7F000001, np.uint32),
-    np.full(n, rx.getsockname()[1], np.int32), 64)
+out = fastio.Sends(ptr, lens, np.full(n, 0x7F000001, np.uint32),
+    np.full(n, rx.getsockname()[1], np.int32))
+sent = fastio.send_batch_gso(tx.fileno(), v.tx(64), n, out)
 rx.settimeout(1.0)
 got = [rx.recv(70000) for _ in range(n)]
 assert sent == n, sent
@@ -217,16 +215,17 @@ def test_recv_rows_cuts_coalesced_messages_back_into_the_datagrams(zero_copy):
         ptr = buf.ctypes.data + buf.strides[0] * np.arange(n, dtype=np.int64)
         v = fastio.MsgVec(64)
         seg = 64 if fastio.gso_available() else 1
-        vec = (v.hdr, v.hdr_ptr, v.iov, v.names, v.cmsg, v.cmsg_ptr)
-        assert fastio.send_batch_gso(tx.fileno(), *vec, n, ptr, lens, ips, ports, seg) == n
+        out = fastio.Sends(ptr, lens, ips, ports)
+        assert fastio.send_batch_gso(tx.fileno(), v.tx(seg), n, out) == n
         g = fastio.GroRx(8, 16 if zero_copy else 0)
         rows = np.zeros((16, 2049), np.uint8)
         rl, rip, rp = np.zeros(16, np.int32), np.zeros(16, np.uint32), np.zeros(16, np.int32)
+        into = fastio.Rows(rows, rl, rip, rp)
         got, coalesced = [], 0
         deadline = time.monotonic() + 5
         while len(got) < n and time.monotonic() < deadline:
-            k = fastio.recv_rows(rx.fileno(), *g.args(), rows, rl, rip, rp, 16)
-            coalesced += int((g.gso[: g.cursor[2]] > 0).sum()) if k else 0
+            k = fastio.recv_rows(rx.fileno(), g.landing(), into, 16)
+            coalesced += int((g.gso[: g.cursor[fastio.Cursor.LANDED]] > 0).sum()) if k else 0
             if zero_copy:
                 got += [ctypes.string_at(int(g.addr[i]), int(rl[i])) for i in range(k)]
                 assert not rows.any()  # nothing was copied
@@ -264,12 +263,13 @@ def test_recv_rows_lands_about_its_byte_budget_per_receive():
         g = fastio.GroRx(fastio.GRO_MESSAGES, 64)
         rows = np.zeros((64, plen + 1), np.uint8)
         rl, rip, rp = np.zeros(64, np.int32), np.zeros(64, np.uint32), np.zeros(64, np.int32)
+        into = fastio.Rows(rows, rl, rip, rp)
         got, landed = [], []
         deadline = time.monotonic() + 5
         while len(got) < 130 and time.monotonic() < deadline:
-            k = fastio.recv_rows(rx.fileno(), *g.args(), rows, rl, rip, rp, 64)
+            k = fastio.recv_rows(rx.fileno(), g.landing(), into, 64)
             if k:
-                landed.append(int(g.cursor[2]))
+                landed.append(int(g.cursor[fastio.Cursor.LANDED]))
             got += [ctypes.string_at(int(g.addr[i]), int(rl[i])) for i in range(k)]
         big = [payload[i * plen : (i + 1) * plen] for i in range(90)]
         assert got == big + [bytes([k]) * 100 for k in range(40)]

@@ -12,9 +12,9 @@ from conftest import LOCALHOST, packet
 import hostlib
 import swemu
 from hostlib.quant import error_bound
-from swemu.core import kernels as K
 from swemu.core.engine import Action, EngineConfig, SwitchEngine
 from swemu.core.faults import FaultConfig
+from swemu.core.state import FaultParam
 from swemu.serving import fault_control as faults
 from swemu.serving.fault_control import UnknownSessionError
 
@@ -157,4 +157,8 @@ def test_fault_config_validation():
         with pytest.raises(ValueError):
             FaultConfig(**bad)
     p = FaultConfig(loss_in=0.1, delay_ms=2, link_gbps=1).params()
-    assert p[K.P_LOSS_IN] == 0.1 and p[K.P_DELAY] == 0.002 and p[K.P_LINK_BPS] == 1e9
+    assert (
+        p[FaultParam.LOSS_IN] == 0.1
+        and p[FaultParam.DELAY] == 0.002
+        and p[FaultParam.LINK_BPS] == 1e9
+    )

@@ -162,17 +162,17 @@ def test_duplicate_result_marks_the_timeout_spurious_and_raises_the_floor():
     first = wire.decode(bytes(op.packets(op.initial(0.0))[0]))
     assert op.handle_timer(0.021) == 1  # the timer resends chunk 0 ...
     assert _answer(op, first, 0.030) == 1  # ... but the original result was only late
-    assert op.counters[K.K_SPURIOUS] == 0 and proto.rtt[K.R_FLOOR] == 0
+    assert op.counters[K.Counter.SPURIOUS] == 0 and proto.rtt[K.Rtt.FLOOR] == 0
     assert _answer(op, first, 0.031) == 0  # the switch's answer to the resend
-    assert op.counters[K.K_SPURIOUS] == 1 and op.counters[K.K_IGNORED] == 1
-    assert proto.rtt[K.R_FLOOR] == pytest.approx(0.04)
+    assert op.counters[K.Counter.SPURIOUS] == 1 and op.counters[K.Counter.IGNORED] == 1
+    assert proto.rtt[K.Rtt.FLOOR] == pytest.approx(0.04)
     assert _answer(op, first, 0.032) == 0  # same timer event: no second raise
-    assert op.counters[K.K_SPURIOUS] == 2 and proto.rtt[K.R_FLOOR] == pytest.approx(0.04)
+    assert op.counters[K.Counter.SPURIOUS] == 2 and proto.rtt[K.Rtt.FLOOR] == pytest.approx(0.04)
     # the new packet (chunk 1) already waits for the raised floor
     assert op.get_timer() == pytest.approx(0.030 + 0.02)  # it was built before the duplicate
     second = wire.decode(bytes(op.packets(1)[0]))
     assert _answer(op, second, 0.035) == 1  # a sample of 5 ms: the floor decays a little
-    floor = proto.rtt[K.R_FLOOR]
+    floor = proto.rtt[K.Rtt.FLOOR]
     assert 0.04 * (1 - 1 / 4096) < floor < 0.04
     assert op.get_timer() == pytest.approx(0.035 + floor)  # chunk 2 uses the raised floor
     # the next call's first window starts from what was learned, not from `timeout`

@@ -11,7 +11,7 @@ from hostlib import quant
 
 def kernel_exponents(x, nvals):
     out = np.zeros(-(-x.size // nvals), np.int8)
-    status = K._chunk_exponents(x, nvals, out)
+    status = K.chunk_exponents(x, nvals, out)
     return status, out
 
 

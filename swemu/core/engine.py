@@ -17,7 +17,8 @@ A caller (the asyncio server, a test's in-memory fabric, a benchmark) feeds it
   release jobs idle for longer than ``idle_timeout``.
 
 All per-packet work happens in :func:`swemu.core.kernels.process_batch`, on
-arrays this class owns. The switch state is a structure of arrays: a job table
+arrays this class owns. The switch state is a structure of arrays, the record
+:class:`swemu.core.state.SwitchState` (:attr:`SwitchEngine.state`): a job table
 indexed by job number ``j`` (workers W, pool size P, size code), per-job pools
 (values, exponents, bitmap, count of job j: :meth:`SwitchEngine.pool_arrays`, passed to
 the kernels as the addresses in row j of ``pool_at``) and a sorted table of
@@ -42,7 +43,6 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import IntEnum
 from typing import Any
 
 import numpy as np
@@ -61,6 +61,21 @@ from swemu.core.controller import (
     table_state,
 )
 from swemu.core.controller import RegistrationError as RegistrationError  # re-exported
+from swemu.core.state import (
+    EGRESS_FAULTS,
+    FaultCounter,
+    FaultFlag,
+    FaultParam,
+    GlobalCounter,
+    JobCounter,
+    Packets,
+    PoolArray,
+    SwitchState,
+    WorkerCounter,
+    counter_names,
+)
+from swemu.core.state import Action as Action  # re-exported
+from swemu.protocol.fastio import Rows
 from swemu.protocol.wire import (
     MAX_PACKET_LEN,
     MAX_SLOTS,
@@ -69,51 +84,18 @@ from swemu.protocol.wire import (
     values_per_packet,
 )
 
-
-class Action(IntEnum):
-    """What the switch did with one received packet (the kernel's A_* codes)."""
-
-    DROP_UNKNOWN_SOURCE = K.A_DROP_UNKNOWN_SOURCE
-    DROP_MALFORMED = K.A_DROP_MALFORMED
-    DROP_WRONG_SIZE = K.A_DROP_WRONG_SIZE
-    DROP_SLOT_RANGE = K.A_DROP_SLOT_RANGE
-    AGGREGATED = K.A_AGGREGATED
-    MULTICAST = K.A_MULTICAST
-    RETRANSMIT_PENDING = K.A_RETRANSMIT_PENDING
-    UNICAST = K.A_UNICAST
-    INJECTED_LOSS = K.A_INJECTED_LOSS
-    DROP_WRONG_SHARD = K.A_DROP_WRONG_SHARD
-
-
 #: Outcomes only the emulator has (not §2 rules, no P4 counterpart): injected
 #: loss and a packet sent to the wrong data-plane shard (``serve --shards``).
 EMULATOR_ONLY_ACTIONS = frozenset({Action.INJECTED_LOSS, Action.DROP_WRONG_SHARD})
 
 
-JOB_COUNTER_NAMES = (
-    "pkts_in",
-    "bytes_in",
-    "aggregated",
-    "multicast",
-    "unicast",
-    "retransmissions",
-    "pkts_out",
-    "bytes_out",
-    "drop_malformed",
-    "drop_wrong_size",
-    "drop_slot_range",
-    "drop_wrong_shard",
-    "broadcast",
-)
-WORKER_COUNTER_NAMES = ("pkts_in", "retransmissions", "last", "drops")
-GLOBAL_COUNTER_NAMES = ("pkts_in", "drop_unknown_source")
+#: Counter names of a snapshot, in column order (the columns' names, lower case).
+JOB_COUNTER_NAMES = counter_names(JobCounter)
+WORKER_COUNTER_NAMES = counter_names(WorkerCounter)
+GLOBAL_COUNTER_NAMES = counter_names(GlobalCounter)
+FAULT_COUNTER_NAMES = counter_names(FaultCounter)
 #: Why jobs are freed (``released`` of a snapshot; docs/lifetime.md).
 RELEASE_REASONS = ("replaced", "idle", "explicit", "evicted")
-FAULT_COUNTER_NAMES = ("loss_in", "loss_out", "duplicated", "delayed", "queue_drops")
-assert len(FAULT_COUNTER_NAMES) == K.N_FAULT_COUNTERS
-assert len(JOB_COUNTER_NAMES) == K.N_JOB_COUNTERS
-assert len(WORKER_COUNTER_NAMES) == K.N_WORKER_COUNTERS
-assert len(GLOBAL_COUNTER_NAMES) == K.N_GLOBAL_COUNTERS
 
 
 #: ``switchml-emu serve``'s defaults for a long-lived emulator (docs/lifetime.md):
@@ -228,6 +210,20 @@ class Batch:
         self.dest_port = np.zeros(capacity * MAX_WORKERS, np.int32)
         self.dest_worker = np.zeros(capacity * MAX_WORKERS, np.int32)
         self.n_dest = 0
+        #: the received rows, as a receive fills them (:func:`swemu.protocol.fastio.receive`)
+        self.rows = Rows(self.buf, self.lens, self.ip, self.port)
+        #: the whole batch, as the switch kernel takes it
+        self.packets = Packets(
+            self.rows,
+            self.action,
+            self.out_buf,
+            self.out_len,
+            self.out_job,
+            self.dest_row,
+            self.dest_ip,
+            self.dest_port,
+            self.dest_worker,
+        )
 
     def add(self, data: bytes | bytearray | memoryview, ip: int, port: int) -> bool:
         """Append one datagram (truncated to the row length); return True when full."""
@@ -285,9 +281,7 @@ class SwitchEngine:
         # ports of freed jobs, not given again soon: a worker of a dropped job may
         # still have a socket on its port and must not receive a new job's results
         self._recent_bcast: collections.deque[int] = collections.deque(maxlen=1024)
-        self.shard = np.zeros(2, np.int64)
-        self.shard[K.SH_COUNT] = count
-        self.shard[K.SH_INDEX] = index
+        self.shard_index, self.shard_count = index, count
         mj = self.config.max_jobs
         self.job_workers = np.zeros(mj, np.int32)
         self.job_pool = np.zeros(mj, np.int32)
@@ -295,18 +289,18 @@ class SwitchEngine:
         self.job_last_seen = np.zeros(mj, np.float64)
         self.dst_ip = np.zeros((mj, MAX_WORKERS), np.uint32)
         self.dst_port = np.full((mj, MAX_WORKERS), -1, np.int32)
-        self.job_counters = np.zeros((mj, K.N_JOB_COUNTERS), np.int64)
-        self.worker_counters = np.zeros((mj, MAX_WORKERS, K.N_WORKER_COUNTERS), np.int64)
-        self.global_counters = np.zeros(K.N_GLOBAL_COUNTERS, np.int64)
+        self.job_counters = np.zeros((mj, len(JobCounter)), np.int64)
+        self.worker_counters = np.zeros((mj, MAX_WORKERS, len(WorkerCounter)), np.int64)
+        self.global_counters = np.zeros(len(GlobalCounter), np.int64)
         # fault injection: per (job, worker) settings and per-job counters (swemu.core.faults)
-        self.faults = np.zeros((mj, MAX_WORKERS, K.N_FAULT_PARAMS), np.float64)
-        self.fault_counters = np.zeros((mj, K.N_FAULT_COUNTERS), np.int64)
-        self.fault_defaults = np.zeros(K.N_FAULT_PARAMS, np.float64)
+        self.faults = np.zeros((mj, MAX_WORKERS, len(FaultParam)), np.float64)
+        self.fault_counters = np.zeros((mj, len(FaultCounter)), np.int64)
+        self.fault_defaults = np.zeros(len(FaultParam), np.float64)
         # is any duplication / any fault on the way out configured at all (the I/O
         # path skips those stages when not); kept current by refresh_fault_flags()
-        self.fault_flags = np.zeros(2, np.int64)
+        self.fault_flags = np.zeros(len(FaultFlag), np.int64)
         # each job entry's pool: its four arrays (kept alive here) and their
-        # addresses, which is what the kernels read (kernels.POOL_*)
+        # addresses, which is what the kernels read (state.PoolArray)
         empty = (
             np.zeros(0, np.uint32),
             np.zeros(0, np.int8),
@@ -314,12 +308,11 @@ class SwitchEngine:
             np.zeros(0, np.int32),
         )
         self._pools: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = [empty] * mj
-        self.pool_at = np.zeros((mj, K.N_POOL_ARRAYS), np.int64)
+        self.pool_at = np.zeros((mj, len(PoolArray)), np.int64)
         for j in range(mj):
             self._set_pool(j, empty)
-        self.addr_keys = np.zeros(0, np.uint64)
-        self.addr_vals = np.zeros(0, np.int32)
         self._addr: dict[int, tuple[int, int]] = {}  # key -> (job index, worker id)
+        self._rebuild_addr_table()  # addr_keys, addr_vals and the state record
         self.jobs: dict[int, Job] = {}  # session_id -> Job
         self._by_index: dict[int, Job] = {}
         self._free = list(range(mj - 1, -1, -1))
@@ -440,7 +433,7 @@ class SwitchEngine:
             raise ValueError(f"session {session_id} already has a job; drop it first")
         j = self._free.pop()
         n = values_per_packet(code)
-        held = shard_slots(pool, int(self.shard[K.SH_INDEX]), int(self.shard[K.SH_COUNT]))
+        held = shard_slots(pool, self.shard_index, self.shard_count)
         self._give_pool(j, held, n)
         self.job_workers[j] = w
         self.job_pool[j] = pool
@@ -535,26 +528,9 @@ class SwitchEngine:
             [self._addr[int(k)][0] * 32 + self._addr[int(k)][1] for k in keys], dtype=np.int32
         )
         self.addr_keys = keys
-
-    def job_by_index(self, index: int) -> Job | None:
-        return self._by_index.get(index)
-
-    # --------------------------------------------------------------------- data
-    def refresh_fault_flags(self) -> None:
-        """Recompute :attr:`fault_flags` after fault settings changed."""
-        out = [K.P_LOSS_OUT, K.P_DELAY, K.P_REORDER, K.P_LINK_BPS]
-        self.fault_flags[0] = bool(
-            self.faults[..., K.P_DUPLICATE].any() or self.fault_defaults[K.P_DUPLICATE] > 0
-        )
-        self.fault_flags[1] = bool(self.faults[..., out].any() or self.fault_defaults[out].any())
-        for hook in self.fault_hooks:
-            hook()
-
-    def kernel_state(self) -> tuple:
-        """The switch-state arguments of the data-plane kernels, in their order.
-
-        Rebuilt per call because registrations replace the address table."""
-        return (
+        # the tables as the kernels take them: replaced with the address table,
+        # so read engine.state anew for every kernel call
+        self.state = SwitchState(
             self.addr_keys,
             self.addr_vals,
             self.job_workers,
@@ -564,36 +540,37 @@ class SwitchEngine:
             self.pool_at,
             self.dst_ip,
             self.dst_port,
+            self.job_bcast,
             self.job_counters,
             self.worker_counters,
             self.global_counters,
             self.faults,
             self.fault_counters,
-            self.shard,
-            self.job_bcast,
+            self.shard_count,
+            self.shard_index,
         )
+
+    def job_by_index(self, index: int) -> Job | None:
+        return self._by_index.get(index)
+
+    # --------------------------------------------------------------------- data
+    def refresh_fault_flags(self) -> None:
+        """Recompute :attr:`fault_flags` after fault settings changed."""
+        dup = FaultParam.DUPLICATE
+        out = list(EGRESS_FAULTS)
+        self.fault_flags[FaultFlag.DUPLICATE] = bool(
+            self.faults[..., dup].any() or self.fault_defaults[dup] > 0
+        )
+        self.fault_flags[FaultFlag.EGRESS] = bool(
+            self.faults[..., out].any() or self.fault_defaults[out].any()
+        )
+        for hook in self.fault_hooks:
+            hook()
 
     def process(self, batch: Batch, now: float = 0.0) -> int:
         """Run rows ``0..batch.n-1`` through the switch; return the number of
         destinations written to ``batch.dest_*`` (also kept in ``batch.n_dest``)."""
-        batch.n_dest = K.process_batch(
-            batch.buf,
-            batch.lens,
-            batch.ip,
-            batch.port,
-            batch.n,
-            now,
-            *self.kernel_state(),
-            batch.action,
-            batch.out_buf,
-            batch.out_len,
-            batch.out_job,
-            batch.dest_row,
-            batch.dest_ip,
-            batch.dest_port,
-            batch.dest_worker,
-            K.NO_ADDRESSES,
-        )
+        batch.n_dest = K.process_batch(batch.packets, batch.n, now, self.state, K.NO_ADDRESSES)
         return batch.n_dest
 
     def receive_datagram(
@@ -783,14 +760,12 @@ class EmulatorTarget:
         """The emulator's fault injection does it: ``loss_in`` drops a worker's packet
         after the lookup, ``loss_out`` each result copy; switch-wide (every job now
         and later), leaving the other fault settings alone."""
-        from swemu.core.kernels import P_LOSS_IN, P_LOSS_OUT
-
         eng = self.engine
-        eng.fault_defaults[P_LOSS_IN] = drops.ingress
-        eng.fault_defaults[P_LOSS_OUT] = drops.egress
+        eng.fault_defaults[FaultParam.LOSS_IN] = drops.ingress
+        eng.fault_defaults[FaultParam.LOSS_OUT] = drops.egress
         for job in eng.jobs.values():
-            eng.faults[job.index, :, P_LOSS_IN] = drops.ingress
-            eng.faults[job.index, :, P_LOSS_OUT] = drops.egress
+            eng.faults[job.index, :, FaultParam.LOSS_IN] = drops.ingress
+            eng.faults[job.index, :, FaultParam.LOSS_OUT] = drops.egress
         eng.refresh_fault_flags()
 
     def watch_releases(self, callback: Callable[[Any], None]) -> None:
@@ -822,10 +797,10 @@ class EmulatorTarget:
                     int(eng.dst_ip[j, w]), int(eng.dst_port[j, w]), job.macs.get(w, 0)
                 )
                 destinations.append((job.session_id, w, address))
-        from swemu.core.kernels import P_LOSS_IN, P_LOSS_OUT
-
         defaults = eng.fault_defaults
-        drops = DropSimulation(float(defaults[P_LOSS_IN]), float(defaults[P_LOSS_OUT]))
+        drops = DropSimulation(
+            float(defaults[FaultParam.LOSS_IN]), float(defaults[FaultParam.LOSS_OUT])
+        )
         return table_state(
             switch=eng.switch_address,
             drops=drops,

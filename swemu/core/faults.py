@@ -13,11 +13,13 @@ What a user asks the emulator to do to its traffic, to watch the protocol cope:
   bucket per worker: each packet departs when the previous one has been
   serialized), queueing as on a slower network.
 
-Settings live in the engine's ``faults[job, worker, param]`` array (the switch
-defaults apply to jobs registered later); counters in ``fault_counters``,
-apart from real drops. All randomness comes from the kernels' generator,
-seeded by :func:`swemu.core.kernels.seed`, so a run is reproducible for a given
-seed and packet order. Delayed packets wait in a bounded :class:`DelayQueue`;
+Settings live in the engine's ``faults[job, worker, param]`` array (columns
+:class:`~swemu.core.state.FaultParam`; the switch defaults apply to jobs
+registered later); counters in ``fault_counters``
+(:class:`~swemu.core.state.FaultCounter`), apart from real drops. All
+randomness comes from the kernels' generator, seeded by
+:func:`swemu.core.kernels.seed`, so a run is reproducible for a given seed and
+packet order. Delayed packets wait in a bounded :class:`DelayQueue`;
 when it is full they are dropped and counted (``queue_drops``), as a switch's
 queue would.
 
@@ -31,10 +33,12 @@ copy of an old packet looks like a new contribution); the host library's
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-from swemu.core import kernels as K
+from swemu.core.kernels import find_worker
+from swemu.core.state import FaultCounter, FaultParam
 from swemu.protocol.jit import kernel
 from swemu.protocol.wire import MAX_PACKET_LEN
 
@@ -62,19 +66,31 @@ class FaultConfig:
 
     def params(self) -> np.ndarray:
         """The kernel's per-(job, worker) parameter vector."""
-        p = np.zeros(K.N_FAULT_PARAMS)
-        p[K.P_LOSS_IN] = self.loss_in
-        p[K.P_LOSS_OUT] = self.loss_out
-        p[K.P_DUPLICATE] = self.duplicate
-        p[K.P_DELAY] = self.delay_ms / 1e3
-        p[K.P_REORDER] = self.reorder_ms / 1e3
-        p[K.P_LINK_BPS] = self.link_gbps * 1e9
+        p = np.zeros(len(FaultParam))
+        p[FaultParam.LOSS_IN] = self.loss_in
+        p[FaultParam.LOSS_OUT] = self.loss_out
+        p[FaultParam.DUPLICATE] = self.duplicate
+        p[FaultParam.DELAY] = self.delay_ms / 1e3
+        p[FaultParam.REORDER] = self.reorder_ms / 1e3
+        p[FaultParam.LINK_BPS] = self.link_gbps * 1e9
         return p
 
     @property
     def delays(self) -> bool:
         """Does this configuration hold packets back (needs a delay queue)?"""
         return self.delay_ms > 0 or self.reorder_ms > 0 or self.link_gbps > 0
+
+
+class Queue(NamedTuple):
+    """A :class:`DelayQueue` as the kernels take it: entry i holds ``len[i]``
+    bytes (0: free) in row i of ``buf``, to leave at ``due[i]`` for
+    ``(ip[i], port[i])``."""
+
+    buf: np.ndarray
+    len: np.ndarray
+    due: np.ndarray
+    ip: np.ndarray
+    port: np.ndarray
 
 
 class DelayQueue:
@@ -86,9 +102,7 @@ class DelayQueue:
         self.due = np.zeros(capacity, np.float64)
         self.ip = np.zeros(capacity, np.uint32)
         self.port = np.zeros(capacity, np.int32)
-
-    def arrays(self) -> tuple:
-        return self.buf, self.len, self.due, self.ip, self.port
+        self.arrays = Queue(self.buf, self.len, self.due, self.ip, self.port)
 
     def __len__(self) -> int:
         return int(np.count_nonzero(self.len))
@@ -108,32 +122,32 @@ def _copy_row(dst, src, n):
 
 
 @kernel
-def duplicate_rows(buf, lens, ip, port, n, cap, addr_keys, addr_vals, faults, fault_counters):
-    """Duplicate received rows whose worker has ``duplicate`` > 0 and whose coin
-    says so; each copy is placed right after its original (up to ``cap`` rows in
-    all). Returns the new row count.
+def duplicate_rows(rows, n, sw):
+    """Duplicate received rows (:class:`~swemu.protocol.fastio.Rows`) whose
+    worker has ``duplicate`` > 0 in ``sw.faults`` and whose coin says so; each
+    copy is placed right after its original (up to the rows' capacity).
+    Returns the new row count.
 
     Right after, not at the end of the batch: a late copy behind a newer packet
     of the same worker and slot is *reordering*, which §2 does not survive (a
     retransmission of a set's old round would be taken as a new contribution
     once the newer packet released the set)."""
+    buf, lens, ip, port = rows.buf, rows.lens, rows.ip, rows.port
+    cap = buf.shape[0]
     dup = np.zeros(n, np.uint8)
     extra = 0
     for r in range(n):
         if n + extra >= cap:
             break
-        key = (np.uint64(ip[r]) << np.uint64(16)) | np.uint64(port[r])
-        ent = K._lookup(addr_keys, addr_vals, key)
-        if ent < 0:
-            ent = K._lookup(addr_keys, addr_vals, np.uint64(ip[r]) << np.uint64(16))
+        ent = find_worker(sw, ip[r], port[r])
         if ent < 0:
             continue
         j, w = ent >> 5, ent & 31
-        p = faults[j, w, K.P_DUPLICATE]
+        p = sw.faults[j, w, FaultParam.DUPLICATE]
         if p > 0.0 and np.random.random() < p:
             dup[r] = 1
             extra += 1
-            fault_counters[j, K.F_DUPLICATED] += 1
+            sw.fault_counters[j, FaultCounter.DUPLICATED] += 1
     if extra == 0:
         return n
     # spread the rows out from the back, so that no row is overwritten before it moves
@@ -152,98 +166,59 @@ def duplicate_rows(buf, lens, ip, port, n, cap, addr_keys, addr_vals, faults, fa
 
 
 @kernel(inline=True)
-def leave_now(
-    nd,
-    out_len,
-    dest_row,
-    dest_ip,
-    dest_port,
-    out_base,
-    out_stride,
-    row_ptr,
-    row_len,
-    send_ip,
-    send_port,
-):
+def leave_now(nd, pk, out):
     """:func:`egress` where no fault acts on the way out: the ``nd``
-    destinations of a batch all leave now, in order, in the send list. Returns
-    ``nd``. (The data plane's variant without fault stages calls this.)"""
+    destinations of the batch ``pk`` (:class:`~swemu.core.state.Packets`) all
+    leave now, in order, in the send list ``out``
+    (:class:`~swemu.protocol.fastio.Sends`). Returns ``nd``. (The data plane's
+    variant without fault stages calls this.)"""
+    base = pk.out_buf.ctypes.data
+    stride = pk.out_buf.strides[0]
     for d in range(nd):
-        r = dest_row[d]
-        row_ptr[d] = out_base + out_stride * r
-        row_len[d] = out_len[r]
-        send_ip[d] = dest_ip[d]
-        send_port[d] = dest_port[d]
+        r = pk.dest_row[d]
+        out.ptr[d] = base + stride * r
+        out.len[d] = pk.out_len[r]
+        out.ip[d] = pk.dest_ip[d]
+        out.port[d] = pk.dest_port[d]
     return nd
 
 
 @kernel
-def egress(
-    now,
-    nd,
-    out_buf,
-    out_len,
-    out_job,
-    dest_row,
-    dest_ip,
-    dest_port,
-    dest_worker,
-    faults,
-    fault_counters,
-    link_free,
-    q_buf,
-    q_len,
-    q_due,
-    q_ip,
-    q_port,
-    out_base,
-    out_stride,
-    row_ptr,
-    row_len,
-    send_ip,
-    send_port,
-    any_fault,
-):
-    """Apply loss/delay/reorder/link rate to the ``nd`` destinations of a batch.
+def egress(now, nd, pk, sw, link_free, q, out, any_fault):
+    """Apply loss/delay/reorder/link rate (``sw.faults``) to the ``nd``
+    destinations of the batch ``pk``.
 
-    Packets that leave now are written (compacted) to ``row_ptr/row_len/
-    send_ip/send_port``; delayed ones are copied into the queue. Returns the
-    number that leave now. With ``any_fault`` false (no fault on the way out is
-    configured anywhere) every packet leaves now without a look at ``faults``."""
+    Packets that leave now are written (compacted) to the send list ``out``;
+    delayed ones are copied into the queue ``q`` (:class:`Queue`), and
+    ``link_free[j, w]`` is when the link to rank w of job j is free again.
+    Returns the number that leave now. With ``any_fault`` false (no fault on
+    the way out is configured anywhere) every packet leaves now without a look
+    at ``faults``."""
     if not any_fault:
-        return leave_now(
-            nd,
-            out_len,
-            dest_row,
-            dest_ip,
-            dest_port,
-            out_base,
-            out_stride,
-            row_ptr,
-            row_len,
-            send_ip,
-            send_port,
-        )
+        return leave_now(nd, pk, out)
+    faults, fault_counters = sw.faults, sw.fault_counters
+    base = pk.out_buf.ctypes.data
+    stride = pk.out_buf.strides[0]
     m = 0
-    qcap = q_len.shape[0]
+    qcap = q.len.shape[0]
     qpos = 0
     for d in range(nd):
-        r = dest_row[d]
-        plen = out_len[r]
-        j = out_job[r]
-        w = dest_worker[d]
-        p_out = faults[j, w, K.P_LOSS_OUT]
+        r = pk.dest_row[d]
+        plen = pk.out_len[r]
+        j = pk.out_job[r]
+        w = pk.dest_worker[d]
+        p_out = faults[j, w, FaultParam.LOSS_OUT]
         if p_out > 0.0 and np.random.random() < p_out:
-            fault_counters[j, K.F_LOSS_OUT] += 1
+            fault_counters[j, FaultCounter.LOSS_OUT] += 1
             continue
-        delay = faults[j, w, K.P_DELAY]
-        reorder = faults[j, w, K.P_REORDER]
-        bps = faults[j, w, K.P_LINK_BPS]
+        delay = faults[j, w, FaultParam.DELAY]
+        reorder = faults[j, w, FaultParam.REORDER]
+        bps = faults[j, w, FaultParam.LINK_BPS]
         if delay <= 0.0 and reorder <= 0.0 and bps <= 0.0:
-            row_ptr[m] = out_base + out_stride * r
-            row_len[m] = plen
-            send_ip[m] = dest_ip[d]
-            send_port[m] = dest_port[d]
+            out.ptr[m] = base + stride * r
+            out.len[m] = plen
+            out.ip[m] = pk.dest_ip[d]
+            out.port[m] = pk.dest_port[d]
             m += 1
             continue
         due = now
@@ -254,47 +229,36 @@ def egress(
         due += delay
         if reorder > 0.0:
             due += np.random.random() * reorder
-        while qpos < qcap and q_len[qpos] != 0:
+        while qpos < qcap and q.len[qpos] != 0:
             qpos += 1
         if qpos == qcap:
-            fault_counters[j, K.F_QUEUE_DROPS] += 1
+            fault_counters[j, FaultCounter.QUEUE_DROPS] += 1
             continue
-        _copy_row(q_buf[qpos], out_buf[r], min(plen, q_buf.shape[1]))
-        q_len[qpos] = plen
-        q_due[qpos] = due
-        q_ip[qpos] = dest_ip[d]
-        q_port[qpos] = dest_port[d]
-        fault_counters[j, K.F_DELAYED] += 1
+        _copy_row(q.buf[qpos], pk.out_buf[r], min(plen, q.buf.shape[1]))
+        q.len[qpos] = plen
+        q.due[qpos] = due
+        q.ip[qpos] = pk.dest_ip[d]
+        q.port[qpos] = pk.dest_port[d]
+        fault_counters[j, FaultCounter.DELAYED] += 1
     return m
 
 
 @kernel
-def due_packets(
-    now,
-    q_buf,
-    q_len,
-    q_due,
-    q_ip,
-    q_port,
-    row_ptr,
-    row_len,
-    send_ip,
-    send_port,
-    q_base,
-    q_stride,
-    limit,
-):
-    """Collect up to ``limit`` queued packets whose time has come (they must be
-    sent before the queue is touched again: their entries are freed here)."""
+def due_packets(now, q, out, limit):
+    """Collect up to ``limit`` packets of the queue ``q`` whose time has come
+    into the send list ``out``; returns how many. (They must be sent before
+    the queue is touched again: their entries are freed here.)"""
+    base = q.buf.ctypes.data
+    stride = q.buf.strides[0]
     m = 0
-    for i in range(q_len.shape[0]):
+    for i in range(q.len.shape[0]):
         if m >= limit:
             break
-        if q_len[i] != 0 and q_due[i] <= now:
-            row_ptr[m] = q_base + q_stride * i
-            row_len[m] = q_len[i]
-            send_ip[m] = q_ip[i]
-            send_port[m] = q_port[i]
-            q_len[i] = 0
+        if q.len[i] != 0 and q.due[i] <= now:
+            out.ptr[m] = base + stride * i
+            out.len[m] = q.len[i]
+            out.ip[m] = q.ip[i]
+            out.port[m] = q.port[i]
+            q.len[i] = 0
             m += 1
     return m

@@ -10,9 +10,18 @@ Buffers (all preallocated, their addresses taken once):
 
 * ``hdr[B, 8]`` uint64: one ``struct mmsghdr`` per row (64 bytes on 64-bit Linux):
   words 0 ``msg_name``, 1 ``msg_namelen``, 2 ``msg_iov``, 3 ``msg_iovlen``,
-  4-5 control (unused), 6 ``msg_flags``, 7 ``msg_len`` (low 32 bits);
+  4-5 control (``msg_control``, ``msg_controllen``), 6 ``msg_flags``, 7
+  ``msg_len`` (low 32 bits);
 * ``iov[B, 2]`` uint64: one ``struct iovec`` (base, length) per row;
 * ``names[B, 16]`` uint8: one ``struct sockaddr_in`` per row.
+
+The compiled functions take them as records, each declared once here:
+:class:`Rows` (where received datagrams go), :class:`Sends` (what to send),
+:class:`RxVec` and :class:`TxVec` (a :class:`MsgVec` for receiving or
+sending), :class:`GroVec` (a :class:`GroRx` landing area) and
+:class:`Receiver` (plain or coalesced receiving, what :func:`receive` takes).
+Records are NamedTuples: Numba passes their fields as it would separate
+arguments, and compiled code reads them by name.
 
 :data:`AVAILABLE` is False where this layout cannot be trusted (not 64-bit
 Linux, or no ``recvmmsg`` in libc): the callers then use their portable
@@ -26,6 +35,8 @@ import ctypes.util
 import socket
 import struct
 import sys
+from enum import IntEnum
+from typing import NamedTuple
 
 import numpy as np
 from numba import types
@@ -97,6 +108,47 @@ def gso_available() -> bool:
         s.close()
 
 
+class Rows(NamedTuple):
+    """Where received datagrams go: datagram r in row r of ``buf`` (uint8
+    ``[B, L]``; a longer one is cut to L), its length ``lens[r]`` (int32) and
+    source address ``ip[r]`` (uint32, host order) and ``port[r]`` (int32)."""
+
+    buf: np.ndarray
+    lens: np.ndarray
+    ip: np.ndarray
+    port: np.ndarray
+
+
+class Sends(NamedTuple):
+    """Datagrams to send: datagram d is ``len[d]`` bytes at address ``ptr[d]``
+    (int64 each), to ``ip[d]`` (uint32) and ``port[d]`` (int32)."""
+
+    ptr: np.ndarray
+    len: np.ndarray
+    ip: np.ndarray
+    port: np.ndarray
+
+
+class RxVec(NamedTuple):
+    """A :class:`MsgVec` for ``recvmmsg`` into the rows its iovecs point at.
+    (The record holds every array the headers point into: it keeps them alive.)"""
+
+    hdr: np.ndarray
+    iov: np.ndarray
+    names: np.ndarray
+
+
+class TxVec(NamedTuple):
+    """A :class:`MsgVec` for ``sendmmsg``; ``seg_max`` > 1 sends up to that many
+    datagrams per message with UDP segmentation offload (:func:`send_batch_gso`)."""
+
+    hdr: np.ndarray
+    iov: np.ndarray
+    names: np.ndarray
+    cmsg: np.ndarray
+    seg_max: int
+
+
 class MsgVec:
     """Preallocated mmsghdr/iovec/sockaddr arrays for ``capacity`` datagrams."""
 
@@ -115,7 +167,7 @@ class MsgVec:
             self.hdr[i, 3] = 1
         self.names[:, 0] = AF_INET & 0xFF  # sa_family, little-endian u16
         self.names[:, 1] = AF_INET >> 8
-        # one UDP_SEGMENT control message per row (used by send_batch_gso only):
+        # one UDP_SEGMENT control message per row (send_batch_gso's, recv_rows's):
         # cmsg_len (size_t), cmsg_level, cmsg_type (int), then the u16 gso_size
         self.cmsg = np.zeros((capacity, CMSG_SPACE_U16 // 8), np.uint64)
         self.cmsg_ptr = self.cmsg.ctypes.data
@@ -130,65 +182,51 @@ class MsgVec:
             self.iov[i, 0] = base + stride * i
             self.iov[i, 1] = buf.shape[1]
 
+    def rx(self) -> RxVec:
+        """This vector as :func:`recv_batch` takes it (after :meth:`point_at_rows`)."""
+        return RxVec(self.hdr, self.iov, self.names)
+
+    def tx(self, seg_max: int = 1) -> TxVec:
+        """This vector as the senders take it, ``seg_max`` datagrams per message."""
+        return TxVec(self.hdr, self.iov, self.names, self.cmsg, max(1, int(seg_max)))
+
 
 @kernel
-def recv_batch(fd, hdr, hdr_ptr, cap, lens, src_ip, src_port, names):
+def recv_batch(fd, v, cap, rows):
     """Receive up to ``cap`` datagrams without blocking into the rows the iovecs
-    point at; fill lengths and source addresses. Returns the count (0 if none)."""
-    return recv_batch_flags(fd, hdr, hdr_ptr, cap, lens, src_ip, src_port, names, MSG_DONTWAIT)
+    of ``v`` (:class:`RxVec`) point at; fill ``rows``' lengths and source
+    addresses (:class:`Rows`). Returns the count (0 if none)."""
+    return recv_batch_flags(fd, v, cap, rows, MSG_DONTWAIT)
 
 
 @kernel
-def recv_batch_flags(fd, hdr, hdr_ptr, cap, lens, src_ip, src_port, names, flags):
+def recv_batch_flags(fd, v, cap, rows, flags):
     """:func:`recv_batch` with explicit ``recvmmsg`` flags (0 blocks until a
     datagram arrives or the socket's SO_RCVTIMEO expires)."""
+    hdr = v.hdr
     for i in range(cap):
         hdr[i, 1] = 16  # msg_namelen is in/out
-    n = c_recvmmsg(fd, hdr_ptr, cap, flags, 0)
+    n = c_recvmmsg(fd, hdr.ctypes.data, cap, flags, 0)
     if n <= 0:
         return 0
     for i in range(n):
-        lens[i] = np.int32(hdr[i, 7] & np.uint64(0xFFFFFFFF))
-        nm = names[i]
-        src_port[i] = (np.int32(nm[2]) << 8) | np.int32(nm[3])
-        src_ip[i] = (
-            (np.uint32(nm[4]) << np.uint32(24))
-            | (np.uint32(nm[5]) << np.uint32(16))
-            | (np.uint32(nm[6]) << np.uint32(8))
-            | np.uint32(nm[7])
-        )
+        rows.lens[i] = np.int32(hdr[i, 7] & np.uint64(0xFFFFFFFF))
+        rows.ip[i], rows.port[i] = get_name(v.names, i)
     return n
 
 
-@kernel
-def send_batch(fd, hdr, hdr_ptr, iov, names, n, row_ptr, row_len, dst_ip, dst_port):
-    """Send ``n`` datagrams: datagram d is ``row_len[d]`` bytes at address
-    ``row_ptr[d]`` to ``(dst_ip[d], dst_port[d])``. Sends in chunks of the
-    vector's capacity; returns how many the kernel accepted (the rest found a
-    full socket buffer — a queue overflow, recovered by retransmission)."""
-    cap = hdr.shape[0]
-    sent = 0
-    while sent < n:
-        m = min(cap, n - sent)
-        for i in range(m):
-            d = sent + i
-            iov[i, 0] = np.uint64(row_ptr[d])
-            iov[i, 1] = np.uint64(row_len[d])
-            nm = names[i]
-            p = dst_port[d]
-            nm[2] = np.uint8((p >> 8) & 0xFF)
-            nm[3] = np.uint8(p & 0xFF)
-            ip = np.uint32(dst_ip[d])
-            nm[4] = np.uint8(ip >> np.uint32(24))
-            nm[5] = np.uint8((ip >> np.uint32(16)) & np.uint32(0xFF))
-            nm[6] = np.uint8((ip >> np.uint32(8)) & np.uint32(0xFF))
-            nm[7] = np.uint8(ip & np.uint32(0xFF))
-            hdr[i, 1] = 16
-        r = c_sendmmsg(fd, hdr_ptr, m, MSG_DONTWAIT)
-        if r <= 0:
-            return sent
-        sent += r
-    return sent
+@kernel(inline=True)
+def get_name(names, i):
+    """``(ip, port)`` of ``struct sockaddr_in`` row ``i`` of ``names``."""
+    nm = names[i]
+    port = (np.int32(nm[2]) << 8) | np.int32(nm[3])
+    ip = (
+        (np.uint32(nm[4]) << np.uint32(24))
+        | (np.uint32(nm[5]) << np.uint32(16))
+        | (np.uint32(nm[6]) << np.uint32(8))
+        | np.uint32(nm[7])
+    )
+    return ip, port
 
 
 @kernel(inline=True)
@@ -207,11 +245,33 @@ def set_name(names, i, ip, port):
 
 
 @kernel
-def send_batch_gso(
-    fd, hdr, hdr_ptr, iov, names, cmsg, cmsg_ptr, n, row_ptr, row_len, dst_ip, dst_port, seg_max
-):
+def send_batch(fd, tx, n, out):
+    """Send the first ``n`` datagrams of ``out`` (:class:`Sends`) through ``tx``
+    (:class:`TxVec`), one per message, in chunks of the vector's capacity;
+    returns how many the kernel accepted (the rest found a full socket buffer:
+    a queue overflow, recovered by retransmission)."""
+    hdr, iov = tx.hdr, tx.iov
+    cap = hdr.shape[0]
+    sent = 0
+    while sent < n:
+        m = min(cap, n - sent)
+        for i in range(m):
+            d = sent + i
+            iov[i, 0] = np.uint64(out.ptr[d])
+            iov[i, 1] = np.uint64(out.len[d])
+            set_name(tx.names, i, out.ip[d], out.port[d])
+            hdr[i, 1] = 16
+        r = c_sendmmsg(fd, hdr.ctypes.data, m, MSG_DONTWAIT)
+        if r <= 0:
+            return sent
+        sent += r
+    return sent
+
+
+@kernel
+def send_batch_gso(fd, tx, n, out):
     """:func:`send_batch` with UDP segmentation offload: datagrams of equal
-    length to the same address travel as one message of up to ``seg_max``
+    length to the same address travel as one message of up to ``tx.seg_max``
     iovecs with a ``UDP_SEGMENT`` cmsg, which the kernel cuts into the same
     datagrams late on its send path (one route lookup, one skb, one trip down
     the stack per message instead of per datagram). Datagrams to one address
@@ -221,8 +281,12 @@ def send_batch_gso(
     the datagram size, where GSO is not allowed) is retried datagram by
     datagram, so GSO never loses what plain sends would deliver. ``seg_max`` 1
     is exactly :func:`send_batch`."""
+    seg_max = tx.seg_max
     if seg_max <= 1:
-        return send_batch(fd, hdr, hdr_ptr, iov, names, n, row_ptr, row_len, dst_ip, dst_port)
+        return send_batch(fd, tx, n, out)
+    hdr, iov, cmsg = tx.hdr, tx.iov, tx.cmsg
+    hdr_ptr = hdr.ctypes.data
+    cmsg_ptr = cmsg.ctypes.data
     cap = hdr.shape[0]
     iov_base = np.uint64(iov.ctypes.data)
     taken = np.zeros(n, np.uint8)
@@ -238,22 +302,22 @@ def send_batch_gso(
             if taken[d]:
                 d += 1
                 continue
-            ln = row_len[d]
-            ip = dst_ip[d]
-            pt = dst_port[d]
+            ln = out.len[d]
+            ip = out.ip[d]
+            pt = out.port[d]
             hdr[m, 1] = 16
             hdr[m, 2] = iov_base + np.uint64(16 * j)
-            set_name(names, m, ip, pt)
+            set_name(tx.names, m, ip, pt)
             first[m] = j
             g = 0
             e = d
             while e < n and g < seg_max and j < cap and (g + 1) * ln <= GSO_MAX_BYTES:
                 if e - d > GSO_LOOKAHEAD:  # bounded: O(n) per batch
                     break
-                if taken[e] == 0 and dst_ip[e] == ip and dst_port[e] == pt:
-                    if row_len[e] != ln:
+                if taken[e] == 0 and out.ip[e] == ip and out.port[e] == pt:
+                    if out.len[e] != ln:
                         break  # never let a later datagram overtake one to the same address
-                    iov[j, 0] = np.uint64(row_ptr[e])
+                    iov[j, 0] = np.uint64(out.ptr[e])
                     iov[j, 1] = np.uint64(ln)
                     taken[e] = 1
                     j += 1
@@ -309,18 +373,56 @@ def send_batch_gso(
 UDP_GRO = 104  # linux/udp.h: receive coalesced datagrams with their segment size (5.0+)
 GRO_MSG_BYTES = 65536  # one coalesced message is at most one IP datagram
 # Messages landed per recvmmsg (emulator and worker): up to GRO_MESSAGES, but only
-# as many as fill GRO_LAND_BYTES at the size of the last receive's messages. Coalesced
-# messages of 16 KiB datagrams are ~48 KiB each: sixteen of them spread a receive over
-# 768 KiB, which left the cache before the kernels read it, while four to five keep it
-# there. Measured with W = 4, 64 MiB float32, two emulators side by side in
-# alternating rounds, four messages against sixteen: 90-114 against 100-134 ms of
-# emulator CPU per call at 16 KiB packets (8 of 8 rounds), 189-208 against 229-249 at
-# 1 KiB (in a later, slower phase of the host the landing budget against sixteen
-# messages was within noise). Single datagrams (senders without GSO) still come
-# sixteen at a time: capping the count at four had cost bench switch its batches.
+# as many as fill GRO_LAND_BYTES at the size of the last receive's messages (the
+# landing budget). Coalesced messages of 16 KiB datagrams are ~48 KiB each: sixteen
+# of them spread a receive over 768 KiB, which leaves the cache before the kernels
+# read it, while four to five stay there (docs/performance.md has the figures).
+# Single datagrams (senders without GSO) still come sixteen at a time, so that
+# small packets keep their long batches.
 GRO_MESSAGES = 16
 GRO_LAND_BYTES = 256 << 10
 GRO_LAND_MIN = 2  # messages per receive at least
+
+
+class Cursor(IntEnum):
+    """Entries of :class:`GroRx`'s ``cursor`` (int64[5]): where cutting stands."""
+
+    NEXT = 0  # the next landed message to cut
+    OFFSET = 1  # the byte offset in it
+    LANDED = 2  # messages the last receive landed
+    MORE = 3  # 1 while landed messages remain or the last receive was full
+    MEAN = 4  # mean message length of the last receive (sizes the next one)
+
+
+class GroVec(NamedTuple):
+    """A :class:`GroRx` as :func:`recv_rows` takes it: its message vector
+    (``hdr``, ``iov``, ``names``, ``cmsg``), the landing area ``land`` (one coalesced
+    message per row), per landed message its length ``mlens``, segment size
+    ``gso`` (0: one datagram) and source ``mip``/``mport``, the ``cursor``
+    (:class:`Cursor`) and ``addr``: empty, or the datagrams' addresses (zero
+    copy)."""
+
+    hdr: np.ndarray
+    iov: np.ndarray
+    names: np.ndarray
+    cmsg: np.ndarray
+    land: np.ndarray
+    mlens: np.ndarray
+    gso: np.ndarray
+    mip: np.ndarray
+    mport: np.ndarray
+    cursor: np.ndarray
+    addr: np.ndarray
+
+
+class Receiver(NamedTuple):
+    """How :func:`receive` reads a socket: ``recvmmsg`` straight into the rows
+    (``plain``), or, with ``gro``, through the landing area of coalesced
+    messages (``landing``)."""
+
+    plain: RxVec
+    gro: bool
+    landing: GroVec
 
 
 class GroRx:
@@ -332,45 +434,44 @@ class GroRx:
     instead of one per datagram. :func:`recv_rows` lands up to ``capacity``
     messages and cuts them back into datagrams, one per row of the caller's
     batch, so the code behind it sees exactly what plain ``recvmmsg`` gave.
-    The cursor keeps what did not fit into one batch for the next call.
-    With ``rows`` > 0 it copies nothing: it gives each datagram's address in the
-    landing area instead (``addr``), valid until the next call.
-
-    ``cursor``: [next message, byte offset in it, messages landed, more, mean
-    message length of the last receive (sizes the next: ``GRO_LAND_BYTES``)] where
-    ``more`` is 1 while landed messages remain or the last receive was full."""
+    The cursor (:class:`Cursor`) keeps what did not fit into one batch for the
+    next call. With ``rows`` > 0 it copies nothing: it gives each datagram's
+    address in the landing area instead (``addr``), valid until the next call."""
 
     def __init__(self, capacity: int, rows: int = 0) -> None:
         self.vec = MsgVec(capacity)
         # rows > 0: zero copy, recv_rows gives each datagram's address here
         self.addr = np.zeros(rows, np.int64)
-        self._no_addr = self.addr[:0]
         self.land = np.zeros((capacity, GRO_MSG_BYTES), np.uint8)
         self.vec.point_at_rows(self.land)
         self.mlens = np.zeros(capacity, np.int32)
         self.gso = np.zeros(capacity, np.int32)
         self.mip = np.zeros(capacity, np.uint32)
         self.mport = np.zeros(capacity, np.int32)
-        self.cursor = np.zeros(5, np.int64)
+        self.cursor = np.zeros(len(Cursor), np.int64)
 
-    def args(self, zero_copy: bool = True) -> tuple:
-        """The arguments of :func:`recv_rows` before the batch's arrays;
-        ``zero_copy`` False copies into the rows even if ``rows`` > 0."""
+    def landing(self, zero_copy: bool = True) -> GroVec:
+        """This landing area as :func:`recv_rows` takes it; ``zero_copy`` False
+        copies into the rows even if ``rows`` > 0."""
         v = self.vec
-        return (
+        return GroVec(
             v.hdr,
-            v.hdr_ptr,
+            v.iov,
             v.names,
             v.cmsg,
-            v.cmsg_ptr,
             self.land,
             self.mlens,
             self.gso,
             self.mip,
             self.mport,
             self.cursor,
-            self.addr if zero_copy else self._no_addr,
+            self.addr if zero_copy else self.addr[:0],
         )
+
+    def leftover(self) -> bool:
+        """Whether landed datagrams wait to be cut, or the last receive was full."""
+        c = self.cursor
+        return bool(c[Cursor.NEXT] < c[Cursor.LANDED] or c[Cursor.MORE] != 0)
 
 
 def enable_gro(sock: socket.socket) -> bool:
@@ -385,156 +486,91 @@ def enable_gro(sock: socket.socket) -> bool:
 
 
 @kernel
-def recv_rows(
-    fd,
-    hdr,
-    hdr_ptr,
-    names,
-    cmsg,
-    cmsg_ptr,
-    land,
-    mlens,
-    gso,
-    mip,
-    mport,
-    cursor,
-    addr,
-    buf,
-    lens,
-    ip,
-    port,
-    max_rows,
-):
-    """Fill up to ``max_rows`` rows of ``buf`` (with ``lens``/``ip``/``port``)
-    with received datagrams, cutting coalesced messages at their segment size;
-    receives (without blocking) only when the landed messages are used up.
-    Returns the rows filled: 0 when the socket is empty. A datagram longer than
-    a row is cut to the row's length, as ``recvmmsg`` into the row would.
+def recv_rows(fd, g, rows, max_rows):
+    """Fill up to ``max_rows`` of ``rows`` (:class:`Rows`) with received
+    datagrams, cutting the coalesced messages of ``g`` (:class:`GroVec`) at
+    their segment size; receives (without blocking) only when the landed
+    messages are used up. Returns the rows filled: 0 when the socket is empty.
+    A datagram longer than a row is cut to the row's length, as ``recvmmsg``
+    into the row would.
 
-    With a non-empty ``addr`` (zero copy) nothing is copied into ``buf``:
-    ``addr[r]`` is the address of datagram r in the landing area, and a call
+    With a non-empty ``g.addr`` (zero copy) nothing is copied into the rows:
+    ``g.addr[r]`` is the address of datagram r in the landing area, and a call
     never lands new messages over datagrams it has already given out."""
+    hdr, cmsg, land, mlens, gso, cursor = g.hdr, g.cmsg, g.land, g.mlens, g.gso, g.cursor
     cap = hdr.shape[0]
-    row_len = buf.shape[1]
-    zero_copy = addr.shape[0] > 0
+    row_len = rows.buf.shape[1]
+    zero_copy = g.addr.shape[0] > 0
+    cmsg_ptr = cmsg.ctypes.data
     r = 0
     while r < max_rows:
-        if cursor[0] >= cursor[2]:
-            if r > 0 and (cursor[3] == 0 or zero_copy):
+        if cursor[Cursor.NEXT] >= cursor[Cursor.LANDED]:
+            if r > 0 and (cursor[Cursor.MORE] == 0 or zero_copy):
                 break  # the last receive was not full: the socket is (nearly) empty
             want = cap
-            if cursor[4] > 0:  # as many messages as fill the landing budget at the last size
-                want = min(cap, max(GRO_LAND_MIN, GRO_LAND_BYTES // cursor[4]))
+            if cursor[Cursor.MEAN] > 0:  # as many messages as fill the landing budget
+                want = min(cap, max(GRO_LAND_MIN, GRO_LAND_BYTES // cursor[Cursor.MEAN]))
             for i in range(want):
                 hdr[i, 1] = 16
                 hdr[i, 4] = np.uint64(cmsg_ptr + CMSG_SPACE_U16 * i)
                 hdr[i, 5] = CMSG_SPACE_U16
-            n = c_recvmmsg(fd, hdr_ptr, want, MSG_DONTWAIT, 0)
-            cursor[0] = 0
-            cursor[1] = 0
-            cursor[2] = max(n, 0)
-            cursor[3] = 1 if n == want else 0
+            n = c_recvmmsg(fd, hdr.ctypes.data, want, MSG_DONTWAIT, 0)
+            cursor[Cursor.NEXT] = 0
+            cursor[Cursor.OFFSET] = 0
+            cursor[Cursor.LANDED] = max(n, 0)
+            cursor[Cursor.MORE] = 1 if n == want else 0
             if n <= 0:
                 break
             landed = 0
             for i in range(n):
                 mlens[i] = np.int32(hdr[i, 7] & np.uint64(0xFFFFFFFF))
                 landed += mlens[i]
-                g = 0
+                seg = 0
                 if hdr[i, 5] >= 20 and cmsg[i, 1] == np.uint64(SOL_UDP | (UDP_GRO << 32)):
-                    g = np.int32(cmsg[i, 2] & np.uint64(0xFFFFFFFF))
-                gso[i] = g
-                nm = names[i]
-                mport[i] = (np.int32(nm[2]) << 8) | np.int32(nm[3])
-                mip[i] = (
-                    (np.uint32(nm[4]) << np.uint32(24))
-                    | (np.uint32(nm[5]) << np.uint32(16))
-                    | (np.uint32(nm[6]) << np.uint32(8))
-                    | np.uint32(nm[7])
-                )
-            cursor[4] = max(1, landed // n)
-        i = cursor[0]
-        off = cursor[1]
+                    seg = np.int32(cmsg[i, 2] & np.uint64(0xFFFFFFFF))
+                gso[i] = seg
+                g.mip[i], g.mport[i] = get_name(g.names, i)
+            cursor[Cursor.MEAN] = max(1, landed // n)
+        i = cursor[Cursor.NEXT]
+        off = cursor[Cursor.OFFSET]
         total = mlens[i]
         seg = total - off
         if gso[i] > 0 and gso[i] < seg:
             seg = gso[i]
         keep = min(seg, row_len)
         if zero_copy:
-            addr[r] = land.ctypes.data + i * land.strides[0] + off
+            g.addr[r] = land.ctypes.data + i * land.strides[0] + off
         else:
-            # a loop over two views indexed alike, which LLVM turns into wide copies:
-            # Numba's slice assignment ran element by element (27 vs 2.8 ms per
-            # 64 MiB), and indexing ``land`` at ``off + b`` (int32) was slower still
-            dst = buf[r, :keep]
+            # a loop over two views indexed alike, which LLVM turns into wide copies
+            # (Numba's slice assignment copies element by element, and indexing
+            # ``land`` at ``off + b`` does not vectorize either)
+            dst = rows.buf[r, :keep]
             src = land[i, off : off + keep]
             for b in range(keep):
                 dst[b] = src[b]
-        lens[r] = keep
-        ip[r] = mip[i]
-        port[r] = mport[i]
+        rows.lens[r] = keep
+        rows.ip[r] = g.mip[i]
+        rows.port[r] = g.mport[i]
         r += 1
         off += seg
         if off >= total:
-            cursor[0] = i + 1
-            cursor[1] = 0
+            cursor[Cursor.NEXT] = i + 1
+            cursor[Cursor.OFFSET] = 0
         else:
-            cursor[1] = off
-    if cursor[0] < cursor[2]:
-        cursor[3] = 1
+            cursor[Cursor.OFFSET] = off
+    if cursor[Cursor.NEXT] < cursor[Cursor.LANDED]:
+        cursor[Cursor.MORE] = 1
     return r
 
 
 @kernel
-def receive(
-    fd,
-    cap,
-    buf,
-    lens,
-    ip,
-    port,
-    rx_hdr,
-    rx_ptr,
-    rx_names,
-    gro,
-    g_hdr,
-    g_hdr_ptr,
-    g_names,
-    g_cmsg,
-    g_cmsg_ptr,
-    g_land,
-    g_mlens,
-    g_gso,
-    g_mip,
-    g_mport,
-    g_cursor,
-    g_addr,
-):
-    """One batch of up to ``cap`` datagrams into the rows of ``buf``: ``recvmmsg``
-    straight into them (``rx_*``, a :class:`MsgVec` pointed at the rows), or with
-    ``UDP_GRO`` on, cut from landed coalesced messages (``g_*``: :meth:`GroRx.args`,
-    :func:`recv_rows`). Returns (datagrams, whether more may be waiting)."""
-    if gro:
-        n = recv_rows(
-            fd,
-            g_hdr,
-            g_hdr_ptr,
-            g_names,
-            g_cmsg,
-            g_cmsg_ptr,
-            g_land,
-            g_mlens,
-            g_gso,
-            g_mip,
-            g_mport,
-            g_cursor,
-            g_addr,
-            buf,
-            lens,
-            ip,
-            port,
-            cap,
-        )
-        return n, n == cap or g_cursor[3] != 0
-    n = recv_batch(fd, rx_hdr, rx_ptr, cap, lens, ip, port, rx_names)
+def receive(fd, cap, rows, rx):
+    """One batch of up to ``cap`` datagrams into ``rows`` (:class:`Rows`), as
+    ``rx`` (:class:`Receiver`) says: ``recvmmsg`` straight into the rows, or,
+    with ``UDP_GRO`` on, cut from landed coalesced messages (:func:`recv_rows`).
+    Returns (datagrams, whether more may be waiting)."""
+    if rx.gro:
+        n = recv_rows(fd, rx.landing, rows, cap)
+        return n, n == cap or rx.landing.cursor[Cursor.MORE] != 0
+    n = recv_batch(fd, rx.plain, cap, rows)
     return n, n == cap

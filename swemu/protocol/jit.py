@@ -28,7 +28,7 @@ process, for any Numba function; a cache hit fires no such event). The
 compiler makes millions of short-lived objects, and the collector's passes over
 them were 7 % of the emulator's first-run compile and 11 % of a worker's.
 
-Measured with ``python -m bench compile``; docs/running.md has the figures.
+Measured with ``python -m bench compile``; docs/performance.md has the figures.
 
 May import: numba.
 """

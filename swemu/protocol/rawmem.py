@@ -96,40 +96,60 @@ def unowned(a):
     (atomic instructions, each waiting for earlier stores to drain). The
     caller keeps ``a`` alive. In compiled code the array structure is copied
     without its meminfo (typed and lowered directly: nothing to compile per
-    array type); anything that is not an array passes through unchanged, and an
-    array that is not C-contiguous is a typing error. Called from Python it
-    returns ``a``."""
+    array type). A tuple (a state record such as
+    :class:`swemu.core.state.SwitchState`, nested records included) comes back
+    as the same kind of tuple with every array in it owner-less; anything else
+    passes through unchanged, and an array that is not C-contiguous is a typing
+    error. Called from Python it returns ``a``."""
+    return a
+
+
+def _unowned_type(a: types.Type) -> types.Type:
+    if isinstance(a, types.Array):
+        if a.layout != "C":
+            raise TypingError(f"unowned needs a C-contiguous array, not {a}")
+        return types.Array(a.dtype, a.ndim, "C")
+    if isinstance(a, types.BaseTuple):
+        pyclass = getattr(a, "instance_class", None)
+        return types.BaseTuple.from_types([_unowned_type(t) for t in a], pyclass)
     return a
 
 
 @type_callable(unowned)
 def _type_unowned(context):
     def typer(a):
-        if not isinstance(a, types.Array):
-            return a
-        if a.layout != "C":
-            raise TypingError(f"unowned needs a C-contiguous array, not {a}")
-        return types.Array(a.dtype, a.ndim, "C")
+        return _unowned_type(a)
 
     return typer
+
+
+def _unowned_value(context, builder, aty, rty, value):
+    if isinstance(aty, types.Array):
+        src = make_array(aty)(context, builder, value=value)
+        out = make_array(rty)(context, builder)
+        populate_array(
+            out,
+            data=src.data,
+            shape=src.shape,
+            strides=src.strides,
+            itemsize=src.itemsize,
+            meminfo=None,
+        )
+        return out._getvalue()
+    if isinstance(aty, types.BaseTuple):
+        items = [
+            _unowned_value(context, builder, t, r, builder.extract_value(value, i))
+            for i, (t, r) in enumerate(zip(aty, rty))
+        ]
+        return context.make_tuple(builder, rty, items)
+    return value
 
 
 @lower_builtin(unowned, types.Any)
 def _lower_unowned(context, builder, sig, args):
     (aty,), (value,) = sig.args, args
-    if not isinstance(aty, types.Array):
-        return impl_ret_borrowed(context, builder, sig.return_type, value)
-    src = make_array(aty)(context, builder, value=value)
-    out = make_array(sig.return_type)(context, builder)
-    populate_array(
-        out,
-        data=src.data,
-        shape=src.shape,
-        strides=src.strides,
-        itemsize=src.itemsize,
-        meminfo=None,
-    )
-    return out._getvalue()
+    out = _unowned_value(context, builder, aty, sig.return_type, value)
+    return impl_ret_borrowed(context, builder, sig.return_type, out)
 
 
 @kernel(inline=True)

@@ -23,30 +23,26 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numba
 import numpy as np
-from numba import types
 
 from swemu.core import faults as faults_mod
 from swemu.core.engine import Batch, EngineConfig, SwitchEngine
 from swemu.core.faults import DelayQueue
+from swemu.core.state import FaultFlag
 from swemu.protocol import fastio
+from swemu.protocol.fastio import Receiver, Sends
 from swemu.protocol.netutil import set_socket_buffers
 from swemu.protocol.wire import MAX_PACKET_LEN, MAX_WORKERS
 from swemu.serving.loops import (
-    FLAG_DUPLICATE,
-    FLAG_EGRESS,
-    IDLE_MS,
-    N_STATS,
-    S_BATCHES,
-    S_PACKETS,
-    S_POLLS,
-    S_SEND_DROPS,
-    S_SENT,
-    SLICE_MS,
-    _drain,
-    _echo_drain,
-    _step,
+    SERVE_IDLE_MS,
+    SERVE_SLICE_MS,
+    BatchIO,
+    LoopStat,
+    Serve,
+    compile_fault_stages,
+    drain,
+    echo_drain,
+    step,
 )
 
 #: Batches drained per readiness callback before yielding to the loop, so the
@@ -97,7 +93,7 @@ class DataPlane:
     """Feeds one UDP socket to the engine in batches, from the event loop.
 
     On 64-bit Linux the per-packet path runs in compiled code (``recvmmsg`` ->
-    switch kernel -> ``sendmmsg``, see :func:`swemu.serving.loops._drain`); elsewhere, or with
+    switch kernel -> ``sendmmsg``, see :func:`swemu.serving.loops.drain`); elsewhere, or with
     ``fast=False`` (or ``SWEMU_PORTABLE=1``), a portable loop of
     ``recvfrom_into``/``sendto`` feeds the same compiled batch step with the
     same results. Fault injection (:mod:`swemu.core.faults`) runs in both.
@@ -144,51 +140,69 @@ class DataPlane:
         self._queue_capacity = queue_capacity
         self.queue = DelayQueue(0, 1)  # grows to queue_capacity when a fault needs it
         self.link_free = np.zeros((engine.config.max_jobs, MAX_WORKERS), np.float64)
-        n_out = 2 * batch_capacity * MAX_WORKERS
-        self._row_ptr = np.zeros(max(n_out, queue_capacity), np.int64)
-        self._row_len = np.zeros_like(self._row_ptr)
-        self._send_ip = np.zeros(len(self._row_ptr), np.uint32)
-        self._send_port = np.zeros(len(self._row_ptr), np.int32)
-        self._fast_stats = np.zeros(N_STATS, np.int64)
+        # the send list: what leaves now, results and due delayed packets
+        n_out = max(2 * batch_capacity * MAX_WORKERS, queue_capacity)
+        self._sends = Sends(
+            np.zeros(n_out, np.int64),
+            np.zeros(n_out, np.int64),
+            np.zeros(n_out, np.uint32),
+            np.zeros(n_out, np.int32),
+        )
+        self._fast_stats = np.zeros(len(LoopStat), np.int64)
         self._ts = np.zeros(2, np.int64)  # struct timespec
         self._pollfd = np.zeros(2, np.int32)  # struct pollfd
         self._callbacks = 0  # readiness callbacks from the event loop
-        self._counts = np.zeros(2, np.int64)
         self._flush_handle: asyncio.TimerHandle | None = None
         self._flush_due = 0.0
-        if self.fast:
-            self._rx = fastio.MsgVec(batch_capacity)
-            self._rx.point_at_rows(self.batch.buf)
-            self._tx = fastio.MsgVec(1024)
+        self._records()
+        rx = fastio.MsgVec(batch_capacity if self.fast else 1)
+        rx.point_at_rows(self.batch.buf)
+        self._plain = rx.rx()
+        self._tx = fastio.MsgVec(1024 if self.fast else 1).tx(self.gso_segments)
         # UDP_GRO: the workers' GSO messages arrive whole (one skb each) instead
         # of being cut into one skb per datagram on the sender's CPU and queued
         # one by one. The fast path reads the datagrams where they landed (zero
         # copy); the stepwise and echo paths cut them into the batch's rows.
-        # Measured (W=4, 64 MiB float32): all processes' CPU per call 14-20 %
-        # lower at 8 and 16 KiB packets, the emulator's own lower too, and half
-        # the time at 1 KiB. On by default; SWEMU_GRO=0 turns it off.
+        # On by default (docs/performance.md: a sixth less CPU per allreduce at
+        # 8 and 16 KiB packets); SWEMU_GRO=0 turns it off.
         self._gro_socket = False  # UDP_GRO set on the socket now
         self.gro = False  # receive through the landing area (also while leaving GRO)
         self._gro = fastio.GroRx(
             fastio.GRO_MESSAGES if self.fast else 1, batch_capacity if self.fast else 0
         )
+        self._landing = self._gro.landing(zero_copy=True)  # the fast path's
+        self._landing_copy = self._gro.landing(zero_copy=False)  # into the rows
         if self.fast and os.environ.get("SWEMU_GRO", "1") != "0":
             self._set_gro(True)
+
+    def _records(self) -> None:
+        """(Re)build the loops' records of this data plane's arrays (the delay
+        queue is replaced when a delaying fault is first configured)."""
+        self.io = BatchIO(self.batch.packets, self._sends, self.queue.arrays, self.link_free)
+        # no serve slice while a delay queue exists (its due packets need the loop's timer)
+        slice_s = SERVE_SLICE_MS / 1000.0 if self.queue.len.shape[0] == 0 else 0.0
+        self._serve = Serve(self._fast_stats, slice_s, SERVE_IDLE_MS, self._ts, self._pollfd)
+
+    def _receiver(self, zero_copy: bool) -> Receiver:
+        """How the compiled paths read the socket now: through GRO's landing
+        area (reading the datagrams there with ``zero_copy``) or not."""
+        return Receiver(self._plain, self.gro, self._landing if zero_copy else self._landing_copy)
 
     def enable_delay_queue(self) -> None:
         """Allocate the delay queue (done when a fault that delays is configured)."""
         if self.queue.len.shape[0] == 0:
             self.queue = DelayQueue(self._queue_capacity)
+            self._records()
         self._on_fault_flags()
 
     def _faulty(self) -> np.ndarray | None:
         """The ``faulty`` argument of the compiled paths
-        (:func:`swemu.serving.loops._switch_batch`):
+        (:func:`swemu.serving.loops.switch_batch`):
         the engine's fault flags while a fault acts on the way through the switch
         or the delay queue exists (it may hold packets), else None (the variant
         without fault stages)."""
         flags = self.engine.fault_flags
-        if flags[FLAG_DUPLICATE] or flags[FLAG_EGRESS] or self.queue.len.shape[0]:
+        if flags[FaultFlag.DUPLICATE] or flags[FaultFlag.EGRESS] or self.queue.len.shape[0]:
             return flags
         return None
 
@@ -201,11 +215,8 @@ class DataPlane:
         flags = self._faulty()
         if flags is None:
             return
-        flags_t = numba.typeof(flags)
-        for kernel in (_drain, _step):
-            for sig in list(kernel.signatures):
-                if isinstance(sig[-1], types.NoneType):
-                    kernel.compile((*sig[:-1], flags_t))
+        for kernel in (drain, step):
+            compile_fault_stages(kernel, flags)
 
     def start(self) -> None:
         self.sock.setblocking(False)
@@ -227,7 +238,7 @@ class DataPlane:
     def compile(self) -> None:
         """Compile (or load from the cache) the kernels of the path that serves
         now, so that the first packets do not wait for Numba: the compiled drain
-        (:func:`swemu.serving.loops._drain`, or :func:`swemu.serving.loops._echo_drain`),
+        (:func:`swemu.serving.loops.drain`, or :func:`swemu.serving.loops.echo_drain`),
         or the stepwise path when there is
         a tap or no compiled I/O. The stepwise path of a fast data plane compiles
         when a tap is installed (:attr:`tap`): a first run compiles only what it
@@ -246,31 +257,17 @@ class DataPlane:
 
     def _receive_nothing(self) -> None:
         """Call :func:`fastio.receive` for no datagrams (compiles or loads it)."""
-        b, rx = self.batch, self._rx
-        fastio.receive(
-            self.sock.fileno(),
-            0,
-            b.buf,
-            b.lens,
-            b.ip,
-            b.port,
-            rx.hdr,
-            rx.hdr_ptr,
-            rx.names,
-            self.gro,
-            *self._gro.args(zero_copy=False),
-        )
+        fastio.receive(self.sock.fileno(), 0, self.batch.rows, self._receiver(False))
 
     def _compile_stepwise(self) -> None:
         """Compile (or load) the kernels of :meth:`_drain_stepwise`."""
         if self._stepwise_ready:
             return
-        _step(0.0, 0, self._counts, *self._io(), *self.engine.kernel_state(), self._faulty())
+        step(0.0, 0, self.io, self.engine.state, self._faulty())
         if self.fast:
             self._receive_nothing()
             self._send_rows(0)  # nothing to send: returns at once, compiled
-        io = self._io()  # the delay queue's due packets (none, limit 0)
-        faults_mod.due_packets(0.0, *io[13:18], *io[18:22], io[24], io[25], 0)
+        faults_mod.due_packets(0.0, self.io.queue, self._sends, 0)  # none due, limit 0
         self._stepwise_ready = True
 
     def stop(self) -> None:
@@ -282,39 +279,6 @@ class DataPlane:
             self._flush_handle = None
 
     # ------------------------------------------------------------ the paths
-    def _io(self) -> tuple:
-        """The arrays of :func:`_switch_batch`: batch, delay queue, send list."""
-        b, q = self.batch, self.queue
-        return (
-            b.buf,
-            b.lens,
-            b.ip,
-            b.port,
-            b.action,
-            b.out_buf,
-            b.out_len,
-            b.out_job,
-            b.dest_row,
-            b.dest_ip,
-            b.dest_port,
-            b.dest_worker,
-            self.link_free,
-            q.buf,
-            q.len,
-            q.due,
-            q.ip,
-            q.port,
-            self._row_ptr,
-            self._row_len,
-            self._send_ip,
-            self._send_port,
-            b.out_buf.ctypes.data,
-            b.out_buf.strides[0],
-            q.buf.ctypes.data,
-            q.buf.strides[0],
-            self.engine.fault_flags,
-        )
-
     def _set_gro(self, on: bool) -> None:
         """Set or clear UDP_GRO on the socket. Messages queued while it was on
         may still be coalesced, so the landing path stays in use until a drain
@@ -336,45 +300,24 @@ class DataPlane:
             self._drain_fast()
         else:
             self._drain_stepwise()
-        if self.gro and not self._gro_socket:
-            c = self._gro.cursor  # leaving GRO: plain receives once nothing coalesced is left
-            if c[0] >= c[2] and c[3] == 0:
-                self.gro = False
+        if self.gro and not self._gro_socket and not self._gro.leftover():
+            self.gro = False  # leaving GRO: plain receives once nothing coalesced is left
         self._arm_flush()
 
     def _drain_fast(self) -> None:
-        rx, tx = self._rx, self._tx
-        _drain(
+        drain(
             self.sock.fileno(),
+            self.capacity,
             MAX_BATCHES_PER_WAKEUP,
             self.loop.time(),
-            self.capacity,
-            rx.hdr,
-            rx.hdr_ptr,
-            rx.names,
-            self.gro,
-            *self._gro.args(zero_copy=True),
-            tx.hdr,
-            tx.hdr_ptr,
-            tx.iov,
-            tx.names,
-            tx.cmsg,
-            tx.cmsg_ptr,
-            self.gso_segments,
-            self._fast_stats,
-            self._counts,
-            *self._slice_args(),
-            *self._io(),
-            *self.engine.kernel_state(),
+            self._receiver(True),
+            self._tx,
+            self.io,
+            self.engine.state,
+            self._serve,
             self._faulty(),
         )
         self._sync_stats()
-
-    def _slice_args(self) -> tuple:
-        """Serve-slice arguments of the compiled drains (:func:`_slice_next`): no
-        slice while a delay queue exists (its due packets need the loop's timer)."""
-        slice_s = SLICE_MS / 1000.0 if self.queue.len.shape[0] == 0 else 0.0
-        return slice_s, IDLE_MS, self._ts, self._pollfd
 
     def _receive_portable(self) -> int:
         b, n = self.batch, 0
@@ -401,19 +344,8 @@ class DataPlane:
         for _ in range(MAX_BATCHES_PER_WAKEUP):
             more = False
             if self.fast:
-                rx = self._rx
                 n, more = fastio.receive(
-                    self.sock.fileno(),
-                    self.capacity,
-                    b.buf,
-                    b.lens,
-                    b.ip,
-                    b.port,
-                    rx.hdr,
-                    rx.hdr_ptr,
-                    rx.names,
-                    self.gro,
-                    *self._gro.args(zero_copy=False),
+                    self.sock.fileno(), self.capacity, b.rows, self._receiver(False)
                 )
             else:
                 n = self._receive_portable()
@@ -421,69 +353,34 @@ class DataPlane:
             if n == 0:
                 break
             now = self.loop.time()
-            m = _step(
-                now, n, self._counts, *self._io(), *self.engine.kernel_state(), self._faulty()
-            )
+            m, rows, dests = step(now, n, self.io, self.engine.state, self._faulty())
             if self.tap is not None:
-                b.n, b.n_dest = int(self._counts[0]), int(self._counts[1])
+                b.n, b.n_dest = rows, dests
                 self.tap(b, now)
             self._send_list(m)
-            st[S_BATCHES] += 1
-            st[S_PACKETS] += n
+            st[LoopStat.BATCHES] += 1
+            st[LoopStat.PACKETS] += n
             if not more:
                 break
         self._sync_stats()
 
     def _echo(self) -> None:
-        b, rx, tx = self.batch, self._rx, self._tx
-        _echo_drain(
+        echo_drain(
             self.sock.fileno(),
-            MAX_BATCHES_PER_WAKEUP,
-            rx.hdr,
-            rx.hdr_ptr,
-            rx.names,
-            self.gro,
-            *self._gro.args(zero_copy=False),
-            tx.hdr,
-            tx.hdr_ptr,
-            tx.iov,
-            tx.names,
-            tx.cmsg,
-            tx.cmsg_ptr,
-            self.gso_segments,
             self.capacity,
-            b.buf,
-            b.lens,
-            b.ip,
-            b.port,
-            self._row_ptr,
-            self._row_len,
-            b.buf.ctypes.data,
-            b.buf.strides[0],
-            self._fast_stats,
-            *self._slice_args(),
+            MAX_BATCHES_PER_WAKEUP,
+            self._receiver(False),
+            self._tx,
+            self.batch.rows,
+            self._sends,
+            self._serve,
         )
         self._sync_stats()
 
     def _send_rows(self, m: int) -> int:
         """:func:`fastio.send_batch_gso` for the first ``m`` entries of the send
         list; returns how many datagrams left."""
-        tx = self._tx
-        return fastio.send_batch_gso(
-            self.sock.fileno(),
-            tx.hdr,
-            tx.hdr_ptr,
-            tx.iov,
-            tx.names,
-            tx.cmsg,
-            tx.cmsg_ptr,
-            m,
-            self._row_ptr,
-            self._row_len,
-            self._send_ip,
-            self._send_port,
-            self.gso_segments,
-        )
+        return fastio.send_batch_gso(self.sock.fileno(), self._tx, m, self._sends)
 
     def _send_list(self, m: int) -> None:
         """Send the first ``m`` packets of the compacted send list."""
@@ -495,29 +392,27 @@ class DataPlane:
         else:
             sent = 0
             to_str, sendto = self._addr.to_str, self.sock.sendto
+            out = self._sends
             for ptr, ln, ip, port in zip(
-                self._row_ptr[:m].tolist(),
-                self._row_len[:m].tolist(),
-                self._send_ip[:m].tolist(),
-                self._send_port[:m].tolist(),
+                out.ptr[:m].tolist(),
+                out.len[:m].tolist(),
+                out.ip[:m].tolist(),
+                out.port[:m].tolist(),
             ):
                 try:
                     sendto((ctypes.c_char * ln).from_address(ptr), (to_str(ip), port))
                     sent += 1
                 except OSError:
                     pass  # a full socket buffer is a queue overflow: retransmission recovers
-        st[S_SENT] += sent
-        st[S_SEND_DROPS] += m - sent
+        st[LoopStat.SENT] += sent
+        st[LoopStat.SEND_DROPS] += m - sent
 
     def _send_due(self) -> None:
         """Send the delayed packets that are due (both paths)."""
         q = self.queue
         if q.len.shape[0] == 0:
             return
-        io = self._io()
-        m = faults_mod.due_packets(
-            self.loop.time(), *io[13:18], *io[18:22], io[24], io[25], len(self._row_ptr)
-        )
+        m = faults_mod.due_packets(self.loop.time(), q.arrays, self._sends, len(self._sends.ptr))
         self._send_list(m)
 
     def _arm_flush(self) -> None:
@@ -543,10 +438,10 @@ class DataPlane:
 
     def _sync_stats(self) -> None:
         st = self._fast_stats
-        self.stats.batches = int(st[S_BATCHES])
+        self.stats.batches = int(st[LoopStat.BATCHES])
         # wakeups: the event loop's callbacks and the waits within serve slices
-        self.stats.wakeups = self._callbacks + int(st[S_POLLS])
-        self.stats.send_errors = int(st[S_SEND_DROPS])
+        self.stats.wakeups = self._callbacks + int(st[LoopStat.POLLS])
+        self.stats.send_errors = int(st[LoopStat.SEND_DROPS])
 
 
 def warmup(loop: asyncio.AbstractEventLoop, tap: bool = False) -> None:

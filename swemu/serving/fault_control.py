@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from swemu.core import kernels as K
 from swemu.core.faults import FaultConfig
+from swemu.core.state import FaultParam
 
 if TYPE_CHECKING:
     from swemu.core.engine import SwitchEngine
@@ -71,12 +72,12 @@ def config_of(engine: SwitchEngine, session_id: int = 0, rank: int | None = None
             raise UnknownSessionError(f"no session {session_id} is registered")
         p = engine.faults[job.index, rank or 0]
     return FaultConfig(
-        loss_in=float(p[K.P_LOSS_IN]),
-        loss_out=float(p[K.P_LOSS_OUT]),
-        duplicate=float(p[K.P_DUPLICATE]),
-        delay_ms=float(p[K.P_DELAY] * 1e3),
-        reorder_ms=float(p[K.P_REORDER] * 1e3),
-        link_gbps=float(p[K.P_LINK_BPS] / 1e9),
+        loss_in=float(p[FaultParam.LOSS_IN]),
+        loss_out=float(p[FaultParam.LOSS_OUT]),
+        duplicate=float(p[FaultParam.DUPLICATE]),
+        delay_ms=float(p[FaultParam.DELAY] * 1e3),
+        reorder_ms=float(p[FaultParam.REORDER] * 1e3),
+        link_gbps=float(p[FaultParam.LINK_BPS] / 1e9),
     )
 
 
