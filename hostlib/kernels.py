@@ -298,7 +298,7 @@ def start(now, ws):
     return n_send
 
 
-@kernel(inline=True)
+@kernel(entry=False)
 def _send_or_wait(s, now, ws, n_send):
     """Queue slot s's new packet (as the ``n_send``-th of ``ws.send``; returns
     the new count), or hold it until the slot's quiet time ends.

@@ -139,7 +139,7 @@ def duplicate_rows(rows, n, sw):
     for r in range(n):
         if n + extra >= cap:
             break
-        ent = find_worker(sw, ip[r], port[r])
+        ent = find_worker(sw.addr_keys, sw.addr_vals, ip[r], port[r])
         if ent < 0:
             continue
         j, w = ent >> 5, ent & 31

@@ -93,13 +93,14 @@ def egress_faults(faults, j, nw):
 
 
 @kernel(inline=True)
-def find_worker(sw, ip, port):
+def find_worker(addr_keys, addr_vals, ip, port):
     """The job entry and rank of the worker at ``(ip, port)``, or at ``(ip, 0)``
-    (a worker registered by IP only): ``j * 32 + d``, or -1 if unknown."""
+    (a worker registered by IP only), in the address table
+    (``SwitchState.addr_keys``/``addr_vals``): ``j * 32 + d``, or -1 if unknown."""
     ip = np.uint64(ip)
-    ent = lookup(sw.addr_keys, sw.addr_vals, (ip << np.uint64(16)) | np.uint64(port))
+    ent = lookup(addr_keys, addr_vals, (ip << np.uint64(16)) | np.uint64(port))
     if ent < 0:
-        ent = lookup(sw.addr_keys, sw.addr_vals, ip << np.uint64(16))
+        ent = lookup(addr_keys, addr_vals, ip << np.uint64(16))
     return ent
 
 
@@ -143,7 +144,8 @@ def process_batch(pk, n, now, sw, row_addr):
     out_addr = pk.out_buf.ctypes.data
     out_stride = pk.out_buf.strides[0]
     # the address table without owners: looked up twice per packet
-    tables = unowned(sw)
+    keys = unowned(sw.addr_keys)
+    ents = unowned(sw.addr_vals)
     for r in range(n):
         out_len[r] = 0
         out_job[r] = -1
@@ -152,7 +154,7 @@ def process_batch(pk, n, now, sw, row_addr):
         row = bytes_at(at, HEADER_LEN)  # read only once length >= HEADER_LEN
         sw.global_counters[GlobalCounter.PKTS_IN] += 1
         # 1. who sent it: (ip, port) first, then (ip, 0) for IP-only workers
-        ent = find_worker(tables, rows.ip[r], rows.port[r])
+        ent = find_worker(keys, ents, rows.ip[r], rows.port[r])
         if ent < 0:
             sw.global_counters[GlobalCounter.DROP_UNKNOWN_SOURCE] += 1
             action[r] = Action.DROP_UNKNOWN_SOURCE
