@@ -451,7 +451,7 @@ def run(
                     rack.shape(rack_lib.Shaping(float(rate)))
                     one_site(
                         float(rate),
-                        lambda n, args, out: training._launch(
+                        lambda n, args, out: training.launch_ranks(
                             rack,
                             workers,
                             {**env, "MASTER_PORT": str(MASTER_PORT + n % 1000)},

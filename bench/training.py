@@ -150,7 +150,7 @@ def run(
                             "lr": lr,
                             "bucket_mb": bucket_mb,
                         }
-                        ranks = _launch(rack, w, env, args, Path(tmp) / f"run{launch}")
+                        ranks = launch_ranks(rack, w, env, args, Path(tmp) / f"run{launch}")
                         row = _row(ranks, backend, w, rate, batch, rep)
                         log(
                             f"{rate:g} Gbit/s W={w} rep {rep} {backend:8s}: "
@@ -180,7 +180,7 @@ def run(
     }
 
 
-def _launch(
+def launch_ranks(
     rack: Any,
     w: int,
     env: dict[str, str],

@@ -446,3 +446,52 @@ def test_each_layers_docstring_names_what_it_may_import(layer):
         assert "nothing of the project" in line, f"{layer}: {line!r}"
     missing = [a for a in allowed if not re.search(rf"\b{re.escape(a)}\b", line)]
     assert not missing, f"{layer}'s docstring does not name {missing}: {line!r}"
+
+
+#: the most parameters a compiled function takes: its state comes in records
+#: (docs/design.md, "The kernels' state"), not in long positional lists
+MAX_KERNEL_PARAMETERS = 10
+
+
+def _is_kernel(fn: ast.FunctionDef) -> bool:
+    """Decorated with the project's ``kernel`` (``@kernel`` or ``@kernel(...)``)."""
+    for d in fn.decorator_list:
+        target = d.func if isinstance(d, ast.Call) else d
+        if isinstance(target, ast.Name) and target.id == "kernel":
+            return True
+        if isinstance(target, ast.Attribute) and target.attr == "kernel":
+            return True
+    return False
+
+
+def test_compiled_functions_take_records_not_long_argument_lists():
+    """No compiled function takes more than MAX_KERNEL_PARAMETERS parameters:
+    a loop's state is a record declared once (a NamedTuple), so a signature
+    names its parts instead of listing dozens of arrays in an order that every
+    caller repeats."""
+    long = []
+    for module, path in sorted(project_files().items()):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and _is_kernel(node):
+                a = node.args
+                n = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs)
+                if n > MAX_KERNEL_PARAMETERS:
+                    long.append(f"{module}.{node.name}: {n} parameters")
+    assert not long, "\n".join(long)
+
+
+def test_each_record_is_declared_once():
+    """A NamedTuple record (``SwitchState``, ``WorkerState``, ``Rows``, ...) is
+    declared in one module; the others import it."""
+    where: dict[str, list[str]] = {}
+    for module, path in sorted(project_files().items()):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and any(
+                (isinstance(b, ast.Name) and b.id == "NamedTuple")
+                or (isinstance(b, ast.Attribute) and b.attr == "NamedTuple")
+                for b in node.bases
+            ):
+                where.setdefault(node.name, []).append(module)
+    assert {"SwitchState", "Packets", "WorkerState", "Rows", "Sends", "BatchIO"} <= set(where)
+    twice = {name: mods for name, mods in where.items() if len(mods) > 1}
+    assert not twice, twice
