@@ -1,4 +1,4 @@
-"""The project's import rules (issue 23), checked on the source, not by importing it.
+"""The project's layout rules, checked on the source, not by importing it.
 
 A small AST scanner reads every Python file of the project's packages
 (``swemu``, ``hostlib``, ``cli``, ``bench``, ``p4``) and lists each import
@@ -9,7 +9,7 @@ inside a function (a lazy import is still a dependency) or only for the type
 checker (``if TYPE_CHECKING:``). Nothing is imported, so the check costs a
 parse of ~100 files and no Numba compile.
 
-The rules are the layout of issue 23 (docs/design.md, "Layout"):
+The rules are the layout of docs/design.md ("Layout"):
 
 * layers, each importing only those below it::
 
@@ -33,7 +33,10 @@ The rules are the layout of issue 23 (docs/design.md, "Layout"):
   either, and bench never imports cli;
 * no cycle between modules, whatever kind of import closes it;
 * no private name (``_x``, or a module ``_x``) imported across packages;
-* every package's docstring says what it may import, naming what ALLOWED gives it.
+* every package's docstring says what it may import, naming what ALLOWED gives it;
+* no constant of the wire format defined outside ``swemu.protocol.wire``;
+* compiled functions take records, at most MAX_KERNEL_PARAMETERS parameters,
+  and each record (a NamedTuple) is declared once.
 
 A new import that breaks a rule fails here with the import and its line;
 ``python -c "import sys; sys.path.insert(0, 'tests'); import test_layout as T;
@@ -287,7 +290,7 @@ def test_cycle_finder():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-# -- the rules of issue 23 ---------------------------------------------------------
+# -- the rules ----------------------------------------------------------------------
 
 
 def test_every_module_has_a_layer():
