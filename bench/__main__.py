@@ -50,6 +50,12 @@ def main(argv: list[str] | None = None) -> int:
         default=["out", "new"],
         help="SwitchML's result: out (into out=, allocated once), new (y = ctx.allreduce(x))",
     )
+    a.add_argument(
+        "--windows",
+        type=_list(int),
+        default=[0],
+        help="slots per worker of each code's jobs (0: the library's default), each compared",
+    )
     a.add_argument("--reps", type=int, default=5)
     a.add_argument("--shards", type=int, default=1, help="data-plane processes of the emulator")
     a.add_argument(
@@ -239,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             dtype=args.dtype,
             neighbour=args.neighbour,
             forms=args.forms,
+            windows=args.windows,
         )
         paths = write_outputs(data, args.out)
         print(markdown(data))

@@ -204,7 +204,7 @@ def _worker(
     dtype: str = "float32",
 ) -> None:
     """A benchmark worker: joins every SwitchML target ``(name, switch, control,
-    size code)`` and, with ``master``, a gloo group; then runs the driver's
+    size code[, window])`` and, with ``master``, a gloo group; then runs the driver's
     commands ``(method, bytes[, input mode])`` and answers each with (time,
     retransmissions, CPU time of this process, verdict).
 
@@ -234,13 +234,19 @@ def _worker(
             "gloo", init_method=f"tcp://127.0.0.1:{master}", rank=rank, world_size=w
         )
     ctxs = {}
-    nvals = {name: 32 << code for name, _, _, code in targets}
+    nvals = {name: 32 << code for name, _, _, code, *_ in targets}
     if targets:
         import hostlib
 
-        for name, switch, control, code in targets:
+        for name, switch, control, code, *window in targets:
             ctxs[name] = hostlib.connect(
-                switch, control, rank=rank, world_size=w, packet_size=code, no_progress=60.0
+                switch,
+                control,
+                rank=rank,
+                world_size=w,
+                packet_size=code,
+                window=window[0] if window and window[0] else None,
+                no_progress=60.0,
             ).open()
             ctxs[name].allreduce(np.ones(4096, dtype))  # warm up kernels and the path
     conn.send("ready")
@@ -431,12 +437,16 @@ def run(
     dtype: str = "float32",
     neighbour: str = "off",
     forms: Sequence[str] = FORMS,
+    windows: Sequence[int] = (0,),
 ) -> dict:
     """Run the whole matrix against an emulator with ``shards`` data-plane
     processes; return the results as plain data. ``neighbour``: ``off``,
     ``on`` (a CPU-bound process runs throughout) or ``both`` (every
     repetition quiet and loaded); ``forms``: SwitchML's calls into ``out=``
-    (``out``), without it (``new``), or both."""
+    (``out``), without it (``new``), or both; ``windows``: each size code's
+    jobs with these windows (slots per worker; 0: the library's default for
+    the code), each a method of its own (``switchml-7`` with the default,
+    ``switchml-7w63`` with 63 slots)."""
     from swemu.launch import EmulatorProcess
 
     if dtype not in ("float32", "int32"):
@@ -446,9 +456,13 @@ def run(
         raise ValueError(f"neighbour must be off, on or both, not {neighbour!r}")
     if not forms or set(forms) - set(FORMS):
         raise ValueError(f"forms must be some of {', '.join(FORMS)}, not {forms!r}")
-    methods = [
-        f"switchml-{c}" + ("" if form == "out" else NEW) for c in codes for form in forms
-    ] + [GLOO, PS]
+    if not windows or any(k < 0 for k in windows):
+        raise ValueError(f"windows must be 0 (the default) or slot counts, not {windows!r}")
+    jobs = [(f"switchml-{c}" + (f"w{k}" if k else ""), c, k) for c in codes for k in windows]
+    methods = [name + ("" if form == "out" else NEW) for name, _, _ in jobs for form in forms] + [
+        GLOO,
+        PS,
+    ]
     results: list[dict] = []
     memory: dict[str, Any] = {}
     loadavg_start = _loadavg()
@@ -457,7 +471,7 @@ def run(
         nb = stack.enter_context(Neighbour()) if LOADED in loads else None
         memory["emulator_rss_start"] = _rss(emu.proc.pid)
         switch_pids = _descendants(emu.proc.pid)
-        targets = [(f"switchml-{c}", emu.switch, emu.control, c) for c in codes]
+        targets = [(name, emu.switch, emu.control, c, k) for name, c, k in jobs]
         for w in workers:
             sw_group = start_group(w, targets, gloo=False, dtype=dtype)
             gloo_group = start_group(w, [], gloo=True, dtype=dtype)
@@ -519,6 +533,7 @@ def run(
         "memory": memory,
         "reps": reps,
         "codes": codes,
+        "windows": list(windows),
         "shards": shards,
         "dtype": dtype,
         "neighbour": neighbour,

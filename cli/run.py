@@ -72,8 +72,8 @@ from .terminal import SIZE, CLIError, terminal
     "--window",
     default=None,
     type=click.IntRange(1, 16384),
-    help="Slots in flight per worker (the job's pool size) [default: 512 KiB in flight, "
-    "at most 512 slots].",
+    help="Slots in flight per worker (the job's pool size) [default: about 3 MiB in flight "
+    "for the whole job, 256 KiB to 1 MiB per worker, at most 512 slots].",
 )
 @click.option(
     "--shards",
@@ -136,7 +136,7 @@ def run(
     if window is None:
         from hostlib.client import default_window
 
-        window = default_window(packet_size)
+        window = default_window(packet_size, workers)
     if size % 4:
         raise CLIError(f"--size {size} is not a whole number of 4-byte elements")
 

@@ -181,8 +181,9 @@ def connect(
     127.0.0.1:50099, the data plane wherever the controller says). ``packet_size``
     is a size code (default: the emulator's fastest, 6, when the controller says
     it is an emulator; 3 = 256 values on hardware), ``window`` the slots in
-    flight (default: 512 KiB in flight, at most 512 slots; 507 at code 3, 63 at
-    code 6). ``timeout``,
+    flight per worker (default: about 3 MiB in flight for the whole job, 256 KiB
+    to 1 MiB per worker, at most 512 slots; at W = 4, 95 at code 6 and 512 at
+    code 3: :func:`hostlib.client.default_window`). ``timeout``,
     ``backoff_after``, ``max_timeout``, ``no_progress`` and ``reorder_guard``
     set retransmission, failure detection and protection against reordering
     networks (see :class:`Timing`). ``gso=False`` turns off UDP segmentation

@@ -49,13 +49,27 @@ DEFAULT_WORKER_PORT = 4000
 log = logging.getLogger("hostlib")
 
 
-def default_window(packet_size: int) -> int:
-    """As many slots as fit 512 KiB in flight per worker, at most 512 (so that the
-    switch's receive buffer holds a window from every worker): 507 for size code
-    3, 63 for code 6. Small packets need many slots: with code 3, 507 slots
-    instead of 128 made 4 × 64 MiB allreduces on loopback 12–20 % faster, since
-    every wakeup of the switch and of the workers handles longer batches."""
-    return max(8, min(512, (512 << 10) // wire.packet_len(packet_size)))
+#: The default window's budget: bytes in flight of all the workers of a job
+#: together, and of one worker at least and at most
+IN_FLIGHT_BYTES = 3 << 20
+IN_FLIGHT_MIN = 256 << 10
+IN_FLIGHT_MAX = 1 << 20
+
+
+def default_window(packet_size: int, world_size: int = 1) -> int:
+    """Slots per worker when none are given: about 3 MiB in flight for the whole
+    job, from 256 KiB to 1 MiB per worker (1 MiB up to W = 3, 768 KiB at W = 4,
+    384 KiB at W = 8), at most 512 slots. At code 6 that is 127, 95 and 47 slots,
+    at code 7 63, 47 and 23, at code 3 the 512 cap up to W = 8.
+
+    Why: every wakeup of the switch and of the workers handles the packets that
+    arrived meanwhile, so a larger window means longer batches and fewer
+    wakeups, until what is in flight in the whole job outgrows the switch's
+    caches (docs/performance.md, "The default window": on loopback the best
+    window per worker fell as W grew, at about 3 MiB in all). The whole job's
+    burst also has to fit the switch's UDP receive buffer."""
+    per_worker = min(IN_FLIGHT_MAX, max(IN_FLIGHT_MIN, IN_FLIGHT_BYTES // max(1, world_size)))
+    return max(8, min(512, per_worker // wire.packet_len(packet_size)))
 
 
 @dataclass(frozen=True)
@@ -69,7 +83,7 @@ class Options:
     # None: chosen when joining -- the emulator's fastest size code when the
     # controller says it is one, else 3 (hardware); see ControlClient.default_packet_size
     packet_size: int | None = None
-    window: int | None = None  # default: default_window(packet_size)
+    window: int | None = None  # default: default_window(packet_size, world_size)
     session_id: int | None = None
     timing: Timing = field(default_factory=Timing)
     connect_timeout: float = 10.0
@@ -91,7 +105,7 @@ class Options:
         if self.packet_size is not None and not 0 <= self.packet_size <= 7:
             raise ValueError(f"packet_size must be a size code 0..7, got {self.packet_size}")
         if self.window is None and self.packet_size is not None:
-            object.__setattr__(self, "window", default_window(self.packet_size))
+            object.__setattr__(self, "window", default_window(self.packet_size, self.world_size))
         if self.window is not None and not 1 <= self.window <= wire.MAX_SLOTS:
             raise ValueError(f"window must be in 1..{wire.MAX_SLOTS}")
         if self.worker_port is None:

@@ -31,6 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 from numba import typeof, types
+from numba.core.dispatcher import Dispatcher
 
 from swemu.core import faults as faults_mod
 from swemu.core.faults import Queue
@@ -121,7 +122,7 @@ def switch_batch(now, n, io, sw, row_addr, faulty):
     return m, n, nd
 
 
-@kernel
+@kernel(entry=False)
 def send_due(now, fd, tx, io, stats):
     """Send the delayed packets whose time has come; returns how many."""
     m = faults_mod.due_packets(now, io.queue, io.sends, io.sends.ptr.shape[0])
@@ -139,7 +140,7 @@ def step(now, n, io, sw, faulty):
     return switch_batch(now, n, io, sw, np.zeros(0, np.int64), faulty)
 
 
-def compile_fault_stages(dispatcher, flags: np.ndarray) -> None:
+def compile_fault_stages(dispatcher: Dispatcher, flags: np.ndarray) -> None:
     """Compile (or load from the cache) the variant with fault stages of every
     signature ``dispatcher`` (:func:`drain` or :func:`step`) has compiled so
     far without them: its ``faulty`` parameter typed as ``flags`` instead of
