@@ -37,6 +37,16 @@ def _save(out: Path, name: str, data: object, markdown: str, newline: bool = Fal
     print(markdown)
 
 
+def _tree_options(parser: argparse.ArgumentParser, rounds: int) -> None:
+    """``--rounds``, ``--tree`` (repeatable: other source trees measured in the
+    same invocation, bench/trees.py) and ``--out``."""
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument(
+        "--tree", type=Path, action="append", default=[], help="another source tree to compare"
+    )
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="what", required=True)
@@ -113,25 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--workers", type=int, default=4)
     f.add_argument("--size", default="1Mi")
     f.add_argument("--iters", type=int, default=3)
-    f.add_argument("--rounds", type=int, default=1)
-    f.add_argument(
-        "--tree", type=Path, action="append", default=[], help="another source tree to compare"
-    )
-    f.add_argument("--out", type=Path, default=Path("bench/results"))
+    _tree_options(f, rounds=1)
     c = sub.add_parser("compile", help="what a first run compiles, per kernel (CPU seconds)")
-    c.add_argument("--rounds", type=int, default=1)
     c.add_argument("--dtype", choices=["float32", "int32"], default="float32")
-    c.add_argument(
-        "--tree", type=Path, action="append", default=[], help="another source tree to compare"
-    )
-    c.add_argument("--out", type=Path, default=Path("bench/results"))
+    _tree_options(c, rounds=1)
     ca = sub.add_parser("calls", help="the cost of one call of the compiled loops, per tree")
-    ca.add_argument("--rounds", type=int, default=3)
     ca.add_argument("--calls", type=int, default=2000, help="calls per timed run")
-    ca.add_argument(
-        "--tree", type=Path, action="append", default=[], help="another source tree to compare"
-    )
-    ca.add_argument("--out", type=Path, default=Path("bench/results"))
+    _tree_options(ca, rounds=3)
     so = sub.add_parser("soak", help="consecutive jobs against one emulator: memory stays flat")
     so.add_argument("--jobs", type=int, default=1000)
     so.add_argument("--workers", type=int, default=2)

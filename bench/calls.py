@@ -28,7 +28,6 @@ import inspect
 import json
 import os
 import pkgutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -118,19 +117,10 @@ def _child(n: int) -> dict[str, Any]:
 
 
 def _one(tree: Path, n: int, timeout: float) -> dict[str, Any]:
-    env = dict(os.environ, PYTHONPATH=str(tree), SWEMU_SLICE_MS="0")
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--child", str(n)],
-        cwd=tree,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"{tree}: exit {proc.returncode}: {last}")
-    return {"tree": str(tree), **json.loads(proc.stdout.strip().splitlines()[-1])}
+    """The entry points of ``tree`` timed in a process of their own."""
+    from .trees import run_child  # here: the child runs this file as a script
+
+    return run_child(Path(__file__).resolve(), tree, [str(n)], timeout, env={"SWEMU_SLICE_MS": "0"})
 
 
 def run(
@@ -141,17 +131,16 @@ def run(
     log: Callable[[str], None] = lambda m: None,
 ) -> dict[str, Any]:
     """Each tree once per round, interleaved; kernels compiled (or loaded) first."""
-    trees = [ROOT, *(trees or [])]
-    results = []
-    for r in range(rounds):
-        for tree in trees:
-            res = _one(tree, calls, timeout)
-            res["round"] = r
-            log(
-                f"round {r} {tree}: "
-                + ", ".join(f"{k} {v:.1f} µs" for k, v in res["per_call_us"].items())
-            )
-            results.append(res)
+    from .trees import interleaved
+
+    results = interleaved(
+        rounds,
+        [ROOT, *(trees or [])],
+        [""],
+        lambda tree, _: _one(tree, calls, timeout),
+        lambda res: ", ".join(f"{k} {v:.1f} µs" for k, v in res["per_call_us"].items()),
+        log,
+    )
     return {"calls": calls, "cpus": os.cpu_count(), "results": results}
 
 

@@ -20,7 +20,6 @@ import importlib
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -102,21 +101,17 @@ def _child(part: str, dtype: str) -> dict[str, Any]:
 
 def _one(tree: Path, part: str, dtype: str, timeout: float) -> dict[str, Any]:
     """One compile step of ``tree`` in a fresh process and an empty cache."""
+    from .trees import run_child  # here: the child runs this file as a script
+
     with tempfile.TemporaryDirectory(prefix="swemu-bench-numba-") as cache:
-        env = dict(os.environ, PYTHONPATH=str(tree), NUMBA_CACHE_DIR=cache)
-        proc = subprocess.run(
-            [sys.executable, str(Path(__file__).resolve()), "--child", part, dtype],
-            cwd=tree,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
+        return run_child(
+            Path(__file__).resolve(),
+            tree,
+            [part, dtype],
+            timeout,
+            env={"NUMBA_CACHE_DIR": cache},
+            what=part,
         )
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"{tree} {part}: exit {proc.returncode}: {last}")
-    line = proc.stdout.strip().splitlines()[-1]
-    return {"tree": str(tree), **json.loads(line)}
 
 
 def run(
@@ -127,18 +122,16 @@ def run(
     log: Callable[[str], None] = lambda m: None,
 ) -> dict[str, Any]:
     """Each compile step of each tree, ``rounds`` times, interleaved."""
-    trees = [ROOT, *(trees or [])]
-    results = []
-    for r in range(rounds):
-        for tree in trees:
-            for part in PARTS:
-                res = _one(tree, part, dtype, timeout)
-                res["round"] = r
-                log(
-                    f"round {r} {tree} {part}: {res['cpu_s']:.1f} s CPU, "
-                    f"{res['compiles']} compilations"
-                )
-                results.append(res)
+    from .trees import interleaved
+
+    results = interleaved(
+        rounds,
+        [ROOT, *(trees or [])],
+        list(PARTS),
+        lambda tree, part: _one(tree, part, dtype, timeout),
+        lambda res: f"{res['cpu_s']:.1f} s CPU, {res['compiles']} compilations",
+        log,
+    )
     return {"dtype": dtype, "cpus": os.cpu_count(), "results": results}
 
 

@@ -183,8 +183,7 @@ def wait_and_pump(fd, bfd, clock, expected, no_progress, io, ws):
     count updates per array per call, and :func:`pump` passes some fifty arrays
     on per received batch (~6 % of a worker's CPU at 16 KiB packets). The
     caller holds the arrays for the whole call."""
-    io = unowned(io)
-    ws = unowned(ws)
+    io, ws = unowned((io, ws))
     counters, ts, pollfd = ws.counters, io.ts, io.pollfd
     pollfd[0] = fd
     while True:

@@ -50,6 +50,42 @@ def test_allreduce_benchmark_smoke(tmp_path, dtype):
         assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_allreduce_benchmark_compares_windows_side_by_side():
+    """``windows``: each code's job once per window (0: the library's default),
+    each a method of its own, each with its own window, all checked."""
+    pytest.importorskip("torch")
+    from bench.allreduce import run
+
+    data = run([2], [64 << 10], [3], reps=1, log=lambda m: None, forms=["out"], windows=[0, 8])
+    methods = {r["method"] for r in data["results"]}
+    assert methods == {"switchml-3", "switchml-3w8", "gloo", "ps"}
+    assert data["windows"] == [0, 8]
+    assert all(r["verified"] is True for r in data["results"])
+    with pytest.raises(ValueError, match="windows"):
+        run([2], [64 << 10], [3], reps=1, windows=[-1])
+
+
+def test_calls_benchmark_times_the_entry_points_of_each_tree(tmp_path):
+    """``bench calls``: per tree (here this one, and this one again as a
+    ``--tree``, each in a process of its own) the µs of each entry point, and
+    the compiled functions with the most parameters (the records keep them few)."""
+    from bench.calls import ROOT, markdown, run
+
+    data = run(rounds=1, trees=[ROOT], calls=20)
+    assert [r["tree"] for r in data["results"]] == [str(ROOT), str(ROOT)]
+    for r in data["results"]:
+        assert set(r["per_call_us"]) == {
+            "emulator drain",
+            "worker pump",
+            "worker wait",
+            "worker call",
+        }
+        assert all(v > 0 for v in r["per_call_us"].values())
+        most = r["signatures"][0][1]
+        assert most <= 10 and r["kernels"] > 30, r["signatures"]
+    assert "| `swemu.serving.loops.drain` |" in markdown(data)
+
+
 def test_allreduce_benchmark_quiet_and_loaded(tmp_path):
     """``neighbour="both"``: every method measured quiet and with the CPU-bound
     neighbour, each checked in both, with the loaded/quiet ratio in the report;

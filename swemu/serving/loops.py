@@ -203,11 +203,7 @@ def drain(fd, cap, max_batches, now, rx, tx, io, sw, serve, faulty):
     The records go on as owner-less views (:func:`swemu.protocol.rawmem.unowned`):
     every compiled callee takes the arrays in its arguments as new references,
     two atomic count updates each, per batch."""
-    rx = unowned(rx)
-    tx = unowned(tx)
-    io = unowned(io)
-    sw = unowned(sw)
-    serve = unowned(serve)
+    rx, tx, io, sw, serve = unowned((rx, tx, io, sw, serve))
     stats = serve.stats
     rows = io.packets.rows
     # with GRO in zero-copy mode the datagrams stay where the kernel landed them
@@ -245,11 +241,7 @@ def echo_drain(fd, cap, max_batches, rx, tx, rows, sends, serve):
     ``sends``; serve slices and owner-less views as in :func:`drain`. The
     baseline of ``bench switch``, which isolates the cost of aggregation from
     the cost of moving packets."""
-    rx = unowned(rx)
-    tx = unowned(tx)
-    rows = unowned(rows)
-    sends = unowned(sends)
-    serve = unowned(serve)
+    rx, tx, rows, sends, serve = unowned((rx, tx, rows, sends, serve))
     stats = serve.stats
     base = rows.buf.ctypes.data
     stride = rows.buf.strides[0]
