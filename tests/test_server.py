@@ -205,6 +205,27 @@ async def test_barrier_and_broadcast(emu):
     assert await asyncio.gather(bcast(1, 12, scope=5), bcast(2, 0, scope=5), scoped) == [12] * 3
 
 
+async def test_a_rendezvous_its_callers_left_is_dropped(emu):
+    """A Barrier or Broadcast whose every caller went away (a worker killed
+    while it waits) leaves no round behind: nothing would ever read it, and at
+    shutdown its failed future was logged as an exception never retrieved."""
+    for call in (
+        emu.sync.Barrier(pb.BarrierRequest(num_workers=2, session_id=3), timeout=0.3),
+        emu.sync.Broadcast(
+            pb.BroadcastRequest(rank=1, num_workers=2, root=0, session_id=3), timeout=0.3
+        ),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await call
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    sync = emu.sync_service
+    for _ in range(50):  # the server sees the cancellation shortly after the client
+        if not sync._barriers.get(3) and not sync._broadcasts.get(3):
+            break
+        await asyncio.sleep(0.02)
+    assert not sync._barriers.get(3) and not sync._broadcasts.get(3)
+
+
 async def test_many_jobs_concurrently_do_not_mix(emu, peers):
     jobs = [peers(2) for _ in range(4)]
     for sid, ps in enumerate(jobs, start=100):

@@ -244,15 +244,22 @@ class SyncService(pb_grpc.SyncServicer):
         self._closing: str | None = None  # set by cancel_all: the server is stopping
 
     async def _wait(
-        self, rnd: _Round, who: object, context: grpc.aio.ServicerContext
+        self,
+        rnd: _Round,
+        rounds: list[_Round],
+        who: object,
+        context: grpc.aio.ServicerContext,
     ) -> int | None:
-        """Wait for a round to complete; a caller that goes away no longer counts,
-        and a server that stops answers UNAVAILABLE saying so."""
+        """Wait for a round of ``rounds`` to complete; a caller that goes away no
+        longer counts (a round nobody waits for any more is dropped: nothing would
+        ever read its future), and a server that stops answers UNAVAILABLE saying so."""
         try:
             return await asyncio.shield(rnd.done)
         except asyncio.CancelledError:
             if not rnd.done.done():
                 rnd.arrived.discard(who)
+                if not rnd.arrived and rnd in rounds:
+                    rounds.remove(rnd)
             raise
         except ConnectionAbortedError as exc:  # cancel_all: the server is shutting down
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
@@ -287,7 +294,7 @@ class SyncService(pb_grpc.SyncServicer):
         if len(rnd.arrived) >= rnd.needed:
             rounds.remove(rnd)
             rnd.done.set_result(None)
-        await self._wait(rnd, me, context)
+        await self._wait(rnd, rounds, me, context)
         return pb.BarrierResponse()
 
     async def Broadcast(
@@ -310,7 +317,7 @@ class SyncService(pb_grpc.SyncServicer):
             rnd.done.set_result(request.value)
         if len(rnd.arrived) >= rnd.needed and rnd in rounds:
             rounds.remove(rnd)  # everyone has arrived: the next call starts a new round
-        value = await self._wait(rnd, request.rank, context)
+        value = await self._wait(rnd, rounds, request.rank, context)
         return pb.BroadcastResponse(value=value)
 
     def cancel_all(self, why: str) -> None:
