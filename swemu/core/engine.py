@@ -213,17 +213,8 @@ class Batch:
         #: the received rows, as a receive fills them (:func:`swemu.protocol.fastio.receive`)
         self.rows = Rows(self.buf, self.lens, self.ip, self.port)
         #: the whole batch, as the switch kernel takes it
-        self.packets = Packets(
-            self.rows,
-            self.action,
-            self.out_buf,
-            self.out_len,
-            self.out_job,
-            self.dest_row,
-            self.dest_ip,
-            self.dest_port,
-            self.dest_worker,
-        )
+        # the record's fields are this class's attributes of the same names
+        self.packets = Packets(**{name: getattr(self, name) for name in Packets._fields})
 
     def add(self, data: bytes | bytearray | memoryview, ip: int, port: int) -> bool:
         """Append one datagram (truncated to the row length); return True when full."""
@@ -529,26 +520,9 @@ class SwitchEngine:
         )
         self.addr_keys = keys
         # the tables as the kernels take them: replaced with the address table,
-        # so read engine.state anew for every kernel call
-        self.state = SwitchState(
-            self.addr_keys,
-            self.addr_vals,
-            self.job_workers,
-            self.job_pool,
-            self.job_code,
-            self.job_last_seen,
-            self.pool_at,
-            self.dst_ip,
-            self.dst_port,
-            self.job_bcast,
-            self.job_counters,
-            self.worker_counters,
-            self.global_counters,
-            self.faults,
-            self.fault_counters,
-            self.shard_count,
-            self.shard_index,
-        )
+        # so read engine.state anew for every kernel call (its fields are the
+        # engine's attributes of the same names)
+        self.state = SwitchState(**{name: getattr(self, name) for name in SwitchState._fields})
 
     def job_by_index(self, index: int) -> Job | None:
         return self._by_index.get(index)
