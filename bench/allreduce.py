@@ -9,7 +9,7 @@ methods take turns in one invocation, so the machine's noise hits them alike:
   (no CPU) while the other one works, and the emulator is stopped (``SIGSTOP``,
   it and its shard processes) during gloo's and the parameter server's calls:
   nothing of SwitchML's runs or polls while gloo is timed.
-* Every call gets the same input: ``hostlib.testdata``'s (rank r sends
+* Every call gets the same input: ``swemu.protocol.worker.testdata``'s (rank r sends
   ``(r + 1) * base``; no subnormals), copied into gloo's tensor before each call
   (gloo sums in place, so a reused tensor would grow W-fold per call), and
   never modified by SwitchML (it writes a separate output array: one allocated
@@ -212,7 +212,7 @@ def _worker(
     gloo's methods, through a one-element allreduce of the same SwitchML job
     for SwitchML's. Only the call itself is timed.
 
-    The inputs are :mod:`hostlib.testdata`'s (rank r sends ``(r + 1) * base``),
+    The inputs are :mod:`swemu.protocol.worker.testdata`'s (rank r sends ``(r + 1) * base``),
     so each worker checks its result on its own: the first call of every
     (method, size, mode) is checked after it is timed (exact for int32 and for
     gloo, whose float32 sums of these inputs are exact too; within
@@ -222,7 +222,7 @@ def _worker(
     (:data:`FRESH` unless said); SwitchML reads its input and writes a separate
     output, so its input is the same at every call."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from hostlib import testdata
+    from swemu.protocol.worker import testdata
 
     dist = torch = None
     if master is not None:

@@ -80,8 +80,8 @@ def _child(n: int) -> dict[str, Any]:
     import numpy as np
 
     from hostlib import fastpath
-    from hostlib.protocol import WorkerProtocol
     from swemu.core.engine import EngineConfig, SwitchEngine
+    from swemu.protocol.worker.protocol import WorkerProtocol
     from swemu.serving.dataplane import DataPlane
 
     out: dict[str, Any] = {}

@@ -4,7 +4,7 @@ every condition the old harness imposed and with each one removed, in one run.
 The old harness (before the split into per-method worker groups, see
 :mod:`bench.allreduce`) timed gloo in the same worker processes that held open
 SwitchML jobs, with the emulator running, on one tensor that gloo's in-place sum
-grew W-fold per call, on :mod:`hostlib.testdata` inputs. A plain script times
+grew W-fold per call, on :mod:`swemu.protocol.worker.testdata` inputs. A plain script times
 gloo in processes of its own on a fresh random-normal input each call. This
 diagnostic starts both kinds of worker groups side by side (W processes each,
 one emulator) and times gloo's ring ``all_reduce`` of the same size under each
@@ -77,7 +77,7 @@ def _old_worker(
     import torch.distributed as dist
 
     import hostlib
-    from hostlib import testdata
+    from swemu.protocol.worker import testdata
 
     torch.set_num_threads(1)
     dist.init_process_group(

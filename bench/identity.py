@@ -44,7 +44,7 @@ def _worker(rank: int, w: int, targets: list, worker_port: int, code: int, conn:
     then answer the driver's ``(name, bytes)`` as :func:`bench.allreduce.run_once` expects."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import hostlib
-    from hostlib import testdata
+    from swemu.protocol.worker import testdata
 
     ip = f"127.0.0.{2 + rank}"
     ctxs = {}

@@ -30,8 +30,8 @@ WARM_PREFIX = "SWITCHML_WARM "
 
 def main() -> int:
     import hostlib
-    from hostlib.testdata import check_result, worker_input
     from swemu.protocol import wire
+    from swemu.protocol.worker.testdata import check_result, worker_input
 
     dtype = np.dtype(os.environ.get("SWITCHML_RUN_DTYPE", "float32"))
     nbytes = int(os.environ.get("SWITCHML_RUN_SIZE", str(16 << 20)))
@@ -96,9 +96,9 @@ def warm_up(dtypes: tuple[str, ...] = ("int32", "float32")) -> int:
 
     event.register("numba:compile", _Announce())
     from hostlib import fastpath
-    from hostlib.protocol import warmup
-    from hostlib.testdata import check_result, worker_input
     from swemu.protocol import fastio
+    from swemu.protocol.worker.protocol import warmup
+    from swemu.protocol.worker.testdata import check_result, worker_input
 
     warmup()  # both dtypes, as each worker's context does (hostlib.client)
     if fastio.AVAILABLE:

@@ -32,9 +32,10 @@ from typing import Any
 
 import numpy as np
 
+from swemu.protocol.worker.protocol import Timing
+
 from .client import AsyncContext, Options
 from .errors import ControlPlaneError, NoProgressError, SwitchMLError
-from .protocol import Timing
 from .results import ResultPool
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 Thin on purpose: the socket is registered with ``loop.add_reader``; on
 readiness the adapter drains datagrams into the rows of a preallocated batch,
-hands the batch to :class:`hostlib.protocol.Allreduce` (compiled kernels) and
+hands the batch to :class:`swemu.protocol.worker.protocol.Allreduce` (compiled kernels) and
 sends the packets it asks for. One ``call_at`` timer drives retransmissions
 and the no-progress check.
 """
@@ -34,12 +34,12 @@ from swemu.protocol.netutil import (
     set_socket_buffers,
 )
 from swemu.protocol.proto import switchml_pb2 as pb
+from swemu.protocol.worker import kernels as K
+from swemu.protocol.worker.protocol import Allreduce, Timing, WorkerProtocol, warmup
 
 from . import fastpath
-from . import kernels as K
 from .control import ControlClient, Membership
 from .errors import SwitchMLError
-from .protocol import Allreduce, Timing, WorkerProtocol, warmup
 from .results import ResultPool
 
 BATCH = 64

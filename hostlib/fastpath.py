@@ -2,14 +2,14 @@
 
 On every readiness callback the client calls :func:`pump` once. It drains the
 socket with ``recvmmsg`` in batches, marks which datagrams came from the
-switch, feeds each batch to :func:`hostlib.kernels.on_results` and sends the
+switch, feeds each batch to :func:`swemu.protocol.worker.kernels.on_results` and sends the
 packets that batch released with ``sendmmsg``, until the socket is empty. No
 Python runs per batch: the only interpreter work per wakeup is the call
 itself. The blocking API waits in compiled code too (:func:`wait_and_pump`).
 
 The loops take a socket's vectors as one record, :class:`WorkerIO` (built once
 per membership by :class:`FastIO`), and the call's state as another,
-:class:`hostlib.kernels.WorkerState`.
+:class:`swemu.protocol.worker.kernels.WorkerState`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ from swemu.protocol import fastio
 from swemu.protocol.fastio import Receiver, Rows, TxVec
 from swemu.protocol.jit import kernel
 from swemu.protocol.rawmem import unowned
-
-from . import kernels as K
+from swemu.protocol.worker import kernels as K
 
 
 class Slots(NamedTuple):
@@ -118,7 +117,7 @@ def send_slots(fd, tx, send, n, slots):
 def pump(now, fd, io, ws, tx_fd):
     """Drain the socket ``fd`` (``io.cap`` datagrams per ``recvmmsg``) into
     ``io.rows``, match every batch against the call ``ws``
-    (:class:`hostlib.kernels.WorkerState`) and send what it releases from
+    (:class:`swemu.protocol.worker.kernels.WorkerState`) and send what it releases from
     ``tx_fd`` (the worker's own socket; ``fd`` may be its loopback-broadcast
     socket). Returns the datagrams received."""
     rows, ok, ports = io.rows, io.ok, io.slots.ports
@@ -336,7 +335,7 @@ def warmup() -> None:
     """Compile (or load from the cache) :func:`pump`, :func:`wait_and_pump` and
     :func:`send_slots` for both dtypes, on an unbound socket that never has
     data, so that no allreduce waits for the compiler."""
-    from .protocol import WorkerProtocol
+    from swemu.protocol.worker.protocol import WorkerProtocol
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hostlib.protocol import Timing, WorkerProtocol
 from swemu.core.engine import EngineConfig, SwitchEngine
 from swemu.protocol import wire
+from swemu.protocol.worker.protocol import Timing, WorkerProtocol
 
 SWITCH = (0x0A000064, wire.DEFAULT_UDP_PORT)
 

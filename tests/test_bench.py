@@ -149,7 +149,7 @@ def test_gloo_baseline_smoke():
 
 def test_benchmark_worker_flags_a_wrong_result():
     """The check the benchmark workers run is the one that fails on a wrong sum."""
-    from hostlib import testdata
+    from swemu.protocol.worker import testdata
 
     n = 3 * 4096
     y = 3 * testdata.worker_input(0, n, 0, "int32")  # W = 2: 1 * base + 2 * base

@@ -8,11 +8,11 @@ from fabric import Fabric, Faults
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hostlib import kernels as K
-from hostlib import quant
 from hostlib.errors import NoProgressError
-from hostlib.protocol import Timing, WorkerProtocol
 from swemu.protocol import wire
+from swemu.protocol.worker import kernels as K
+from swemu.protocol.worker import quant
+from swemu.protocol.worker.protocol import Timing, WorkerProtocol
 
 
 def int_inputs(rng, w, n):
@@ -82,11 +82,11 @@ def test_float32_equals_block_floating_point_model(w, n, seed, loss):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.int32])
 def test_large_outputs_take_streaming_stores_at_any_alignment(dtype):
-    """Outputs of 4 MiB and more are written with streaming stores (hostlib.stream)
+    """Outputs of 4 MiB and more are written with streaming stores (swemu.protocol.worker.stream)
     in their 64-byte-aligned middle and word by word around it: every output
     alignment (including an output that is not even 4-byte aligned) gets the
     same values as the model, up to the last element."""
-    from hostlib import stream
+    from swemu.protocol.worker import stream
 
     n = stream.MIN_BYTES // 4 + 4096 + 37  # a partial last chunk too
     w = 2

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hostlib import kernels as K
-from hostlib import quant
+from swemu.protocol.worker import kernels as K
+from swemu.protocol.worker import quant
 
 
 def kernel_exponents(x, nvals):

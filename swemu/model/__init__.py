@@ -31,8 +31,9 @@ spine links; with one rack it is the single switch.
 **SwitchML, packet-level reference** (:func:`switchml_reference`): the same
 network with every worker and every packet an event in :class:`EventLoop`,
 driving the project's own sans-IO engines (:class:`swemu.core.engine.SwitchEngine`
-and :class:`hostlib.protocol.WorkerProtocol`), real loss and real timers. Slow
-(~10 µs a packet), used by the tests to check the fast model on small cases.
+and the worker's :class:`~swemu.protocol.worker.protocol.WorkerProtocol`), real
+loss and real timers. Slow (~10 µs a packet), used by the tests to check the fast
+model on small cases.
 
 **Ring all-reduce** (:func:`ring_allreduce`): 2(n − 1) steps; in each, every
 node sends S/n bytes to its successor: ``α + (S/n)·f/B`` per step, f the TCP/IP/
@@ -66,8 +67,9 @@ loopback setup), :mod:`.calibrate` (what a packet costs here, measured),
 :mod:`.reports` (the reproduction and its report). The names below are the
 package's public ones; ``switchml simulate`` is the command.
 
-May import: swemu.protocol, swemu.core, swemu.launch, hostlib (the reference
-drives both sides' sans-IO engines; the calibration runs them, and an emulator).
+May import: swemu.protocol, swemu.core, swemu.launch (the reference drives both
+sides' sans-IO engines, the switch's and the worker's of swemu.protocol.worker;
+the calibration runs them, an emulator, and hostlib workers by their command line).
 """
 
 from __future__ import annotations

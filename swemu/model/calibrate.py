@@ -8,7 +8,7 @@ numbers (seconds):
   per received packet and per call (the Numba batch kernel: lookup,
   bitmap/count, aggregation, result building; the per-call part is mostly the
   dispatch of a kernel with ~30 array arguments);
-* ``host_kernel`` / ``host_call``: the :mod:`hostlib.protocol` work of a worker
+* ``host_kernel`` / ``host_call``: the :mod:`swemu.protocol.worker.protocol` work of a worker
   per packet and per call (``Allreduce`` with its exponent pass, ``initial``,
   ``receive`` with quantization and result scaling, ``packets``);
 * both kernels' per-packet costs again at a small size code, so that the cost
@@ -195,10 +195,10 @@ def _lockstep(
     allreduce through them in lockstep with batches of at most ``cap`` datagrams
     that returns ``(host seconds, host calls, switch seconds, switch calls,
     packets sent by the workers, packets the switch took in)``."""
-    from hostlib.protocol import Timing, WorkerProtocol
-    from hostlib.testdata import worker_input
     from swemu.core.engine import Batch, EngineConfig, SwitchEngine, warmup
     from swemu.protocol import wire
+    from swemu.protocol.worker.protocol import Timing, WorkerProtocol
+    from swemu.protocol.worker.testdata import worker_input
 
     warmup()
     eng = SwitchEngine(EngineConfig(pool_size=window, max_jobs=1))
@@ -460,7 +460,7 @@ _CPU_WORKER = """
 import json, os, time
 import numpy as np
 import hostlib
-from hostlib.testdata import worker_input
+from swemu.protocol.worker.testdata import worker_input
 ctx = hostlib.from_env()
 n = int(os.environ["SWITCHML_RUN_SIZE"]) // 4
 dt = np.dtype(os.environ["SWITCHML_RUN_DTYPE"])

@@ -38,7 +38,7 @@ class _ProcessCosts:
 
 @dataclass(frozen=True)
 class LoopbackTiming:
-    """The worker's retransmission timer as ``hostlib.protocol.Timing`` has it:
+    """The worker's retransmission timer as ``swemu.protocol.worker.protocol.Timing`` has it:
     ``timeout`` first and as a floor, then ``srtt + 4·rttvar`` (RFC 6298, no
     samples from retransmitted packets), doubled every ``backoff_after``
     consecutive timeouts of a slot, up to ``max_timeout``; a duplicate result

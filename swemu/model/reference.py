@@ -30,9 +30,9 @@ def switchml_reference(
     """
     import random
 
-    from hostlib.protocol import Timing, WorkerProtocol
     from swemu.core.engine import EngineConfig, SwitchEngine
     from swemu.protocol import wire
+    from swemu.protocol.worker.protocol import Timing, WorkerProtocol
 
     net = net or Network()
     cfg = cfg or SwitchMLConfig()

@@ -3,7 +3,7 @@
 :mod:`swemu.protocol.wire` is the header's definition (layout, constants, the
 plain-Python codec); this module is the same layout for Numba kernels, on
 wire's constants, so that the switch's kernels (:mod:`swemu.core.kernels`) and
-the worker's (:mod:`hostlib.kernels`) read and write one codec. Each function
+the worker's (:mod:`swemu.protocol.worker.kernels`) read and write one codec. Each function
 takes ``row``, a uint8 array holding at least the 10 header bytes of one
 datagram, and is inlined into its compiled callers (no call, no CPython
 entry is compiled until plain Python calls them, as the kernel-body tests do).

@@ -17,9 +17,10 @@ downlink of the receiver). Nothing leaves the namespaces: the addresses
 (10.201.0.0/24 by default) exist only there, and there is no route out.
 
 :class:`Rack` builds and removes the namespaces; :func:`run_benchmark` starts the
-emulator in the switch namespace and one :mod:`swemu.rack.worker` per worker
-namespace, then measures SwitchML, gloo ring allreduce, a parameter server and one
-shaped link, interleaved, with CPU counters sampled around every timed collective.
+emulator in the switch namespace and one rack worker (``python -m cli.rack_worker``,
+a hostlib program) per worker namespace, then measures SwitchML, gloo ring
+allreduce, a parameter server and one shaped link, interleaved, with CPU
+counters sampled around every timed collective.
 :func:`summarize`, :func:`markdown_table` and :func:`plot_speedup` turn the records
 into the artefacts ``switchml cluster run`` writes. :func:`cleanup_leftovers`
 removes what killed runs left behind.
@@ -29,13 +30,12 @@ Needs root (``ip netns``), iproute2's ``ip`` and ``tc``, and the ``tbf`` qdisc
 
 One module per job: :mod:`.netns` (namespaces, leftovers, signals), :mod:`.rack`
 (building and shaping the rack), :mod:`.cpu` (CPU counters), :mod:`.runner`
-(the run and its records), :mod:`.worker` (the program each worker namespace
-runs), :mod:`.analysis` (summaries, the table), :mod:`.plot`, :mod:`.results`
+(the run and its records), :mod:`.analysis` (summaries, the table), :mod:`.plot`, :mod:`.results`
 (the JSON). ``switchml cluster`` is the command; the training benchmarks
 (``python -m bench training``) build on :class:`Rack` and :func:`start_emulator`.
 
-May import: swemu.protocol, swemu.launch, hostlib (the worker program). The
-emulator and the workers are started by command lines, not imported.
+May import: swemu.protocol, swemu.launch. The emulator and the workers (hostlib
+programs: ``cli.rack_worker``) are started by command lines, not imported.
 """
 
 from __future__ import annotations

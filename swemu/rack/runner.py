@@ -1,4 +1,4 @@
-"""The run: the emulator in the switch namespace, one :mod:`swemu.rack.worker`
+"""The run: the emulator in the switch namespace, one rack worker (``cli.rack_worker``)
 per worker namespace, the interleaved schedule of methods and sizes, the records.
 
 Part of the emulated rack (:mod:`swemu.rack`).
@@ -29,6 +29,12 @@ from .netns import (
     signals_as_exceptions,
 )
 from .rack import Rack, Shaping
+
+#: The program each worker namespace runs (started by its command line, not imported:
+#: it is a hostlib worker, and the rack stands below hostlib).
+WORKER_MODULE = "cli.rack_worker"
+#: How its result lines start on stdout (other output is ignored).
+PREFIX = "CLUSTER "
 
 
 @dataclass
@@ -129,8 +135,6 @@ class _Worker:
             raise ClusterError(self._died()) from None
 
     def recv(self, deadline: float) -> dict[str, Any]:
-        from .worker import PREFIX
-
         fd = self.proc.stdout.fileno()
         while True:
             while b"\n" in self._buf:
@@ -230,7 +234,7 @@ def _start_workers(rack: Rack, config: BenchConfig, tmp: Path) -> list[_Worker]:
         with open(log, "wb") as f:
             proc = rack.popen(
                 rack.worker_ns(r),
-                [sys.executable, "-m", "swemu.rack.worker"],
+                [sys.executable, "-m", WORKER_MODULE],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=f,

@@ -100,7 +100,7 @@ def check_result(y: np.ndarray, world_size: int, iteration: int, nvals: int) -> 
     """Is ``y`` the allreduce of :func:`worker_input` over ``world_size`` workers?
 
     int32 must be exact; float32 must be within the block floating point bound of
-    docs/protocol.md §4 (:func:`hostlib.quant.error_bound`), computed per chunk of
+    docs/protocol.md §4 (:func:`swemu.protocol.worker.quant.error_bound`), computed per chunk of
     ``nvals`` from the largest input. Returns (ok, worst error / bound; for
     int32 the number of wrong elements).
     """

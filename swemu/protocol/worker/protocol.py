@@ -21,7 +21,7 @@ Each slot s carries chunks s, s+K, s+2K, ...: the result of one is the signal
 to send the next on the same slot with the other set. float32 calls first send
 one exponent-only packet per slot (tsi = 2^31 + s), whose result is the shared
 exponent of chunk s; every data packet then carries the exponent of the chunk
-K ahead (§4). The kernels in :mod:`hostlib.kernels` do all of it in batches.
+K ahead (§4). The kernels in :mod:`swemu.protocol.worker.kernels` do all of it in batches.
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ class Allreduce:
         self.last_progress = now
         self._started = False
         t = proto.timing
-        #: the call as the kernels take it (:class:`hostlib.kernels.WorkerState`)
+        #: the call as the kernels take it (:class:`swemu.protocol.worker.kernels.WorkerState`)
         self.state = K.WorkerState(
             xi=self.xi,
             xf=self.xf,

@@ -4,9 +4,9 @@ All per-packet work of an allreduce runs here in batches: building packets
 (quantizing a chunk straight into a big-endian row), matching a batch of
 received results, storing them (dequantizing), advancing each slot to its
 next chunk, and finding the slots whose timers expired. The kernels take one
-call's state as one record, :class:`WorkerState`; :mod:`hostlib.protocol`
-owns the arrays (:attr:`hostlib.protocol.Allreduce.state`), and it and the
-compiled I/O loop (:mod:`hostlib.fastpath`) are the callers. :mod:`hostlib.quant`
+call's state as one record, :class:`WorkerState`; :mod:`swemu.protocol.worker.protocol`
+owns the arrays (:attr:`swemu.protocol.worker.protocol.Allreduce.state`), and it and the
+compiled I/O loop (``hostlib.fastpath``) are the callers. :mod:`swemu.protocol.worker.quant`
 holds the numpy twins used as test oracles for the quantization rules.
 """
 
@@ -62,8 +62,8 @@ class Rtt(IntEnum):
 class WorkerState(NamedTuple):
     """One allreduce call as the kernels see it. The window has K slots (the
     job's pool size); slot s carries chunks s, s + K, s + 2K, ... of ``nvals``
-    values each. :class:`hostlib.protocol.Allreduce` owns the per-call arrays,
-    :class:`hostlib.protocol.WorkerProtocol` those that outlive a call."""
+    values each. :class:`swemu.protocol.worker.protocol.Allreduce` owns the per-call arrays,
+    :class:`swemu.protocol.worker.protocol.WorkerProtocol` those that outlive a call."""
 
     # --- the data: int32 calls use xi/oi, float32 calls xf/of (the other pair is empty)
     xi: np.ndarray  # int32[n]: the input
@@ -196,7 +196,7 @@ def _fill_data(row, xi, xf, is_float, chunk, nvals, shared_exp, num_workers, lim
 def _streamed_part(o, src, inv, is_float, on):
     """With ``on``, store the 64-byte-aligned middle of the output chunk ``o``
     from the big-endian words at address ``src`` with streaming stores
-    (:mod:`hostlib.stream`); returns ``(a, b)``, the streamed range, which the
+    (:mod:`swemu.protocol.worker.stream`); returns ``(a, b)``, the streamed range, which the
     caller's scalar loops skip (``(len, len)`` when nothing was streamed)."""
     m = o.shape[0]
     if not on:

@@ -1,6 +1,7 @@
-"""One worker of the emulated rack (``swemu/rack/``), run inside its namespace.
+"""One worker of the emulated rack (:mod:`swemu.rack`), run inside its namespace.
 
-Started once per run with ``ip netns exec <worker ns> python -m swemu.rack.worker``,
+Started once per run with ``ip netns exec <worker ns> python -m cli.rack_worker``
+(:data:`swemu.rack.runner.WORKER_MODULE`),
 it joins every world the run measures — a hostlib context (SwitchML session) and a
 gloo subgroup of ranks ``0 .. W-1`` for each W it belongs to — so that all worker
 counts, link rates, sizes and methods can be interleaved without restarting
@@ -11,7 +12,7 @@ processes. The driver then steers it with JSON lines on stdin:
 ``{"cmd": "go"}``
     line the W workers up (a barrier through the same path), time one collective;
 ``{"cmd": "check"}``
-    compare the result with the exact sum (:mod:`hostlib.testdata`);
+    compare the result with the exact sum (:mod:`swemu.protocol.worker.testdata`);
 ``{"cmd": "quit"}``
 
 and reads one ``CLUSTER {json}`` line per command on stdout (other output is
@@ -39,7 +40,8 @@ from typing import Any
 
 import numpy as np
 
-PREFIX = "CLUSTER "
+from swemu.rack.runner import PREFIX
+
 PS_CHUNK_BYTES = 1 << 20  # PS pipelining unit: small against S, large against per-message cost
 
 
@@ -97,7 +99,7 @@ class Worker:
         """Compile and exercise every path once before the driver starts any clock."""
         import torch
 
-        from hostlib.testdata import check_result, worker_input
+        from swemu.protocol.worker.testdata import check_result, worker_input
 
         for w, ctx in self.contexts.items():
             x = worker_input(self.rank, 4096, 0, np.float32)
@@ -110,7 +112,7 @@ class Worker:
     def prepare(self, w: int, method: str, nbytes: int, iteration: int) -> None:
         import torch
 
-        from hostlib.testdata import worker_input
+        from swemu.protocol.worker.testdata import worker_input
 
         n = nbytes // 4
         x = worker_input(self.rank, n, iteration, np.float32)
@@ -198,7 +200,7 @@ class Worker:
             r.wait()
 
     def check(self) -> dict[str, Any]:
-        from hostlib.testdata import check_result
+        from swemu.protocol.worker.testdata import check_result
 
         s = self.step
         if s["method"] == "link":
