@@ -39,10 +39,15 @@ from swemu.protocol.worker.protocol import Allreduce, Timing, WorkerProtocol, wa
 
 from . import fastpath
 from .control import ControlClient, Membership
-from .errors import SwitchMLError
+from .errors import ControlPlaneError, SwitchMLError
 from .results import ResultPool
 
 BATCH = 64
+#: Restart recovery (docs/protocol.md §5): after this long without a result, a
+#: worker asks the control plane whether the switch restarted (Status), and again
+#: this often while nothing moves; a slow peer costs a small RPC now and then.
+PROBE_AFTER = 0.5
+PROBE_EVERY = 0.5
 #: p4app-switchML's worker_port: the port all workers of a job share where the
 #: switch knows workers by IP alone (see AsyncContext.open)
 DEFAULT_WORKER_PORT = 4000
@@ -144,6 +149,15 @@ class AsyncContext:
         self._switch_ip = ""
         self._switch_ports: frozenset[int] = frozenset()
         self._local: tuple[int, int] = (0, 0)  # (ipv4, udp_port) registered: for Release
+        # restart recovery: the registration to repeat, when to ask the switch
+        # again, whether a missing control plane was reported, a probe running
+        self._registration: pb.UdpSessionRequest | None = None
+        self._next_probe = 0.0
+        self._said_waiting = False
+        self._recovering: asyncio.Task | None = None
+        # between its report and the switch's answer a resuming worker sends
+        # nothing and takes no result (docs/protocol.md §5)
+        self._resuming = False
         self._released = True  # nothing to release before joining
         self._batch = np.zeros((BATCH, 1), np.uint8)  # sized once the packet size is known
         self._rows: list[memoryview] = []
@@ -179,9 +193,7 @@ class AsyncContext:
                 self.options = o = o.with_packet_size(size)
             self._batch = np.zeros((BATCH, wire.packet_len(o.packet_size) + 1), np.uint8)
             self._rows = [memoryview(self._batch[r]) for r in range(BATCH)]
-            switch_host, switch_port = (
-                parse_address(o.switch, wire.DEFAULT_UDP_PORT) if o.switch else ("", 0)
-            )
+            switch_host = parse_address(o.switch, wire.DEFAULT_UDP_PORT)[0] if o.switch else ""
             probe_host = (
                 resolve_ipv4(switch_host)
                 if switch_host
@@ -259,24 +271,48 @@ class AsyncContext:
             sock.close()
             sock = shared
         self._sock = sock
-        self.membership = membership
         self._local = (wire.ipv4_to_int(local_ip), sock.getsockname()[1])
         self._released = False
-        self._switch_ip = probe_host if switch_host else wire.int_to_ipv4(membership.switch_ipv4)
+        self._registration = pb.UdpSessionRequest(
+            session_id=membership.session_id,
+            rank=o.rank,
+            num_workers=o.world_size,
+            mac=mac_of_ipv4(local_ip),
+            ipv4=self._local[0],
+            packet_size=o.packet_size,
+            udp_port=self._local[1],
+            pool_size=o.window,
+            loopback_broadcast=want_broadcast,
+        )
+        self.protocol = WorkerProtocol(
+            num_workers=o.world_size, size_code=o.packet_size, window=o.window, timing=o.timing
+        )
+        self._use_membership(membership)
+        self._loop.add_reader(sock.fileno(), self._on_readable)
+
+    def _use_membership(self, membership: Membership) -> None:
+        """Send to the data plane ``membership`` names (when joining, and again
+        after a resume, which may come from a switch elsewhere): its address,
+        unless one was given, its data ports, its loopback-broadcast port."""
+        o = self.options
+        self.membership = membership
+        switch_host, switch_port = (
+            parse_address(o.switch, wire.DEFAULT_UDP_PORT) if o.switch else ("", 0)
+        )
+        self._switch_ip = (
+            resolve_ipv4(switch_host) if switch_host else wire.int_to_ipv4(membership.switch_ipv4)
+        )
         if membership.data_ports and not (switch_port and len(membership.data_ports) == 1):
             ports = list(membership.data_ports)  # the switch's own, or its shards'
         else:  # a port given explicitly wins over a single advertised one
             ports = [switch_port or wire.DEFAULT_UDP_PORT]
         self._switch_ports = frozenset(ports)
         self._dests = [(self._switch_ip, ports[s % len(ports)]) for s in range(o.window)]
-        self.protocol = WorkerProtocol(
-            num_workers=o.world_size, size_code=o.packet_size, window=o.window, timing=o.timing
-        )
         if self.fast:
+            self._close_broadcast()
             self._setup_fast(ports)
-            if want_broadcast and membership.broadcast_port:
+            if self._registration.loopback_broadcast and membership.broadcast_port:
                 self._open_broadcast(membership.broadcast_port)
-        self._loop.add_reader(sock.fileno(), self._on_readable)
 
     def _open_broadcast(self, port: int) -> None:
         """Take the job's results on ``0.0.0.0:port`` too, where the emulator sends
@@ -356,12 +392,10 @@ class AsyncContext:
 
         Inside a running event loop the ``Release`` is sent in the background
         (``await aclose()`` waits for it); :class:`hostlib.Context` waits too."""
-        if self._bsock is not None:
-            if self._loop is not None and not self._loop.is_closed():
-                self._loop.remove_reader(self._bsock.fileno())
-            self._io.bfd = -1
-            self._bsock.close()
-            self._bsock = None
+        self._close_broadcast()
+        if self._recovering is not None:
+            self._recovering.cancel()
+            self._recovering = None
         if self._sock is None:
             return
         self.results.clear()
@@ -375,6 +409,14 @@ class AsyncContext:
             task = loop.create_task(self._release())
             _background.add(task)
             task.add_done_callback(_background.discard)
+
+    def _close_broadcast(self) -> None:
+        if self._bsock is not None:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(self._bsock.fileno())
+            self._io.bfd = -1
+            self._bsock.close()
+            self._bsock = None
 
     @property
     def switch_address(self) -> str:
@@ -395,12 +437,16 @@ class AsyncContext:
             self._send(op, op.initial(loop.time()))
             self._arm()
             await self._done
+            self.protocol.retain(op)
         finally:
             self._op = None
             self._done = None
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
+            if self._recovering is not None:
+                self._recovering.cancel()
+                self._recovering = None
         return result
 
     def _begin(
@@ -417,6 +463,85 @@ class AsyncContext:
         came back for too long, else resend the packets whose deadline passed."""
         op.check(now, where=f"the switch at {self.switch_address}")
         self._send(op, op.handle_timer(now))
+
+    def _probe_due(self, op: Allreduce, now: float) -> bool:
+        """Whether to ask the control plane about the switch now: nothing came
+        back for PROBE_AFTER, the last probe was PROBE_EVERY ago, and the switch
+        says its instance (a switch that does not cannot be resumed)."""
+        m = self.membership
+        if m is None or m.instance == 0 or self._recovering is not None:
+            return False
+        if now - op.last_progress < PROBE_AFTER or now < self._next_probe:
+            return False
+        self._next_probe = now + PROBE_EVERY
+        return True
+
+    async def _recover(self, op: Allreduce, clock) -> bool:
+        """Restart recovery (docs/protocol.md §5): ask the control plane whether
+        the switch is still the instance, and the job still at the epoch, this
+        worker joined; if not, resume: report this worker's progress, wait for
+        the other ranks to have reported, take the results it lacks and send
+        every outstanding packet again. Returns True when the job was resumed.
+        A control plane that does not answer is waited for (said once), within
+        ``no_progress``, which :meth:`Allreduce.check` keeps enforcing."""
+        o, m = self.options, self.membership
+        ctl = ControlClient(o.control, connect_timeout=1.0)
+        try:
+            try:
+                status = await ctl.status(session_id=m.session_id, rank=o.rank, timeout=1.0)
+            except ControlPlaneError as exc:
+                if not self._said_waiting:
+                    self._said_waiting = True
+                    waited = clock() - op.last_progress
+                    log.warning(
+                        "rank %d: no result for %.1f s and the switch's control plane at %s "
+                        "does not answer (%s); waiting up to %.0f s more for the switch to "
+                        "come back (no_progress %g s)",
+                        o.rank,
+                        waited,
+                        o.control,
+                        exc,
+                        max(0.0, o.timing.no_progress - waited),
+                        o.timing.no_progress,
+                    )
+                return False
+            if status is None:  # a controller without the call: no recovery here
+                self.membership = dataclasses.replace(m, instance=0)
+                return False
+            if status.instance == m.instance and status.known and status.epoch == m.epoch:
+                return False  # the same switch and job: a peer is slow, or packets are lost
+            if status.instance != m.instance:
+                why = f"restarted (instance {m.instance:x} is now {status.instance:x})"
+            elif not status.known:
+                why = "no longer holds the job"
+            else:
+                why = f"rebuilt the job (epoch {m.epoch} is now {status.epoch})"
+            log.warning("rank %d: the switch %s; resuming session %d", o.rank, why, m.session_id)
+            started = clock()
+            budget = max(1.0, o.timing.no_progress - (started - op.last_progress))
+            self._resuming = True
+            membership, repairs = await ctl.resume(
+                self._registration, self.protocol.progress(op), timeout=budget
+            )
+        finally:
+            await ctl.close()
+            self._resuming = False
+        self._said_waiting = False
+        self._use_membership(membership)
+        self._discard()
+        now = clock()
+        self._send(op, op.apply_repairs(repairs, now))
+        log.warning(
+            "rank %d: session %d resumed at epoch %d after %.2f s (%d lost result%s "
+            "from other ranks)",
+            o.rank,
+            m.session_id,
+            membership.epoch,
+            now - started,
+            len(repairs),
+            "" if len(repairs) == 1 else "s",
+        )
+        return True
 
     @property
     def can_block(self) -> bool:
@@ -435,8 +560,7 @@ class AsyncContext:
         if op.done:
             return result
         fd = self._sock.fileno()
-        io = self._io
-        self.stale += io.discard_all(fd)  # what arrived between calls, as the reader would
+        self.stale += self._io.discard_all(fd)  # what arrived between calls, as the reader would
         clock = np.zeros(len(fastpath.Clock))
         clock[fastpath.Clock.NOW] = clock[fastpath.Clock.PROGRESS] = now
         no_progress = self.protocol.timing.no_progress
@@ -444,14 +568,22 @@ class AsyncContext:
         try:
             self._send(op, op.initial(now))
             while True:
-                status = io.wait(fd, clock, op.expected_results, no_progress, op.state)
+                # self._io anew each time: a resume may have moved the switch
+                status = self._io.wait(fd, clock, op.expected_results, no_progress, op.state)
                 op.last_progress = float(clock[fastpath.Clock.PROGRESS])
                 if status == fastpath.Run.DONE:
                     break
                 if self._sock is None:
                     raise SwitchMLError("the SwitchML context was closed during an allreduce")
                 if status == fastpath.Run.TIMER:
-                    self._retransmit(op, float(clock[fastpath.Clock.NOW]))
+                    t = float(clock[fastpath.Clock.NOW])
+                    if self._probe_due(op, t) and self._loop.run_until_complete(
+                        self._recover(op, time.monotonic)
+                    ):
+                        clock[fastpath.Clock.PROGRESS] = op.last_progress
+                        continue
+                    self._retransmit(op, t)
+            self.protocol.retain(op)
         finally:
             self._wakeups = int(clock[fastpath.Clock.WAKEUPS])
             self._record_stats(op)
@@ -492,9 +624,29 @@ class AsyncContext:
                 self._finish(SwitchMLError(f"cannot send to the switch at {dests[s]}: {exc}"))
                 return
 
+    def _discard(self) -> None:
+        """Drop what the worker's sockets hold (counted as stale)."""
+        sock = self._sock
+        if sock is None:
+            return
+        if self.fast:
+            self.stale += self._io.discard_all(sock.fileno())
+            return
+        while True:
+            try:
+                sock.recv_into(self._rows[0])
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                continue
+            self.stale += 1
+
     def _on_readable(self) -> None:
         sock = self._sock
         if sock is None:
+            return
+        if self._resuming:  # results from before the resume: not for the resumed job
+            self._discard()
             return
         if self.fast:
             self._on_readable_fast(sock.fileno())
@@ -558,12 +710,36 @@ class AsyncContext:
         op = self._op
         if op is None or op.done:
             return
+        now = self._loop.time()
+        if self._resuming:  # nothing is sent meanwhile; no_progress still bounds it
+            try:
+                op.check(now, where=f"the switch at {self.switch_address}")
+            except SwitchMLError as exc:
+                self._finish(exc)
+                return
+            self._arm()
+            return
+        if self._probe_due(op, now):
+            self._recovering = self._loop.create_task(self._recover(op, self._loop.time))
+            self._recovering.add_done_callback(self._recovered)
         try:
-            self._retransmit(op, self._loop.time())
+            self._retransmit(op, now)
         except SwitchMLError as exc:
             self._finish(exc)
             return
         self._arm()
+
+    def _recovered(self, task: asyncio.Task) -> None:
+        """A probe or resume of the async API ended (see :meth:`_recover`)."""
+        if self._recovering is task:
+            self._recovering = None
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            self._finish(exc)
+        elif self._op is not None and self._op.done:
+            self._finish()
 
 
 _warm = False

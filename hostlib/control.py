@@ -33,8 +33,10 @@ from typing import Any
 import grpc
 
 from swemu.protocol import wire
+from swemu.protocol.proto import CONTROL_MESSAGE_BYTES
 from swemu.protocol.proto import switchml_pb2 as pb
 from swemu.protocol.proto import switchml_pb2_grpc as pb_grpc
+from swemu.protocol.worker.recovery import Progress, SlotResult
 
 from .errors import ControlPlaneError
 
@@ -52,6 +54,25 @@ class Membership:
     # how the switch tells workers apart (pb.WorkerIdentity): IDENTITY_UNKNOWN when
     # the reply does not say (a p4app-switchML controller, an older switch)
     worker_identity: int = pb.IDENTITY_UNKNOWN
+    # restart recovery: the switch instance and the job's epoch this worker joined
+    # (instance 0: the switch does not say, so it cannot be resumed)
+    instance: int = 0
+    epoch: int = 0
+
+    @classmethod
+    def from_reply(cls, resp: pb.UdpSessionResponse, session_id: int) -> Membership:
+        """What a registration's (or a resume's) reply tells the worker."""
+        return cls(
+            session_id,
+            resp.ipv4,
+            resp.mac,
+            tuple(resp.data_ports),
+            int(resp.broadcast_port),
+            int(resp.emulator.packet_size) if resp.HasField("emulator") else None,
+            int(resp.worker_identity),
+            int(resp.instance),
+            int(resp.epoch),
+        )
 
 
 def new_session_id() -> int:
@@ -65,7 +86,13 @@ class ControlClient:
     def __init__(self, target: str, *, connect_timeout: float = 10.0) -> None:
         self.target = target
         self.connect_timeout = connect_timeout
-        self.channel = grpc.aio.insecure_channel(target)
+        self.channel = grpc.aio.insecure_channel(
+            target,
+            options=[
+                ("grpc.max_receive_message_length", CONTROL_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", CONTROL_MESSAGE_BYTES),
+            ],
+        )
         self.session = pb_grpc.SessionStub(self.channel)
         self.sync = pb_grpc.SyncStub(self.channel)
 
@@ -142,6 +169,54 @@ class ControlClient:
             f"Release(rank {rank})", self.session.Release, req, timeout=timeout, optional=True
         )
 
+    async def status(self, *, session_id: int, rank: int, timeout: float = 2.0) -> Any | None:
+        """Restart recovery: the switch's instance and whether it still holds
+        this rank's job, at which epoch (``pb.StatusResponse``); None from a
+        controller without the call (no recovery there)."""
+        req = pb.StatusRequest(session_id=session_id, rank=rank)
+        return await self._rpc(
+            f"Status(rank {rank})", self.session.Status, req, timeout=timeout, optional=True
+        )
+
+    async def resume(
+        self,
+        registration: pb.UdpSessionRequest,
+        progress: Progress,
+        *,
+        timeout: float,
+    ) -> tuple[Membership, list[SlotResult]]:
+        """Restart recovery: report this rank's progress and wait for every rank
+        to have reported; return the new membership and the results this rank
+        lacks (docs/protocol.md §5, "Surviving a switch restart")."""
+        req = pb.ResumeRequest(
+            registration=registration,
+            rounds=list(progress.rounds),
+            last=[
+                pb.SlotResult(
+                    slot=r.slot,
+                    round=r.round,
+                    tsi=r.tsi,
+                    set=r.set,
+                    job_number=r.job_number,
+                    e0=r.e0,
+                    values=r.values,
+                )
+                for r in progress.last.values()
+            ],
+        )
+        resp = await self._rpc(
+            f"Resume(rank {registration.rank})",
+            self.session.Resume,
+            req,
+            timeout=timeout,
+            rendezvous=True,
+        )
+        repairs = [
+            SlotResult(r.slot, r.round, r.tsi, r.set, r.job_number, r.e0, bytes(r.values))
+            for r in resp.repairs
+        ]
+        return Membership.from_reply(resp.registration, registration.session_id), repairs
+
     async def join(
         self,
         *,
@@ -210,15 +285,7 @@ class ControlClient:
             timeout=timeout,
             rendezvous=True,
         )
-        return Membership(
-            sid,
-            resp.ipv4,
-            resp.mac,
-            tuple(resp.data_ports),
-            int(resp.broadcast_port),
-            int(resp.emulator.packet_size) if resp.HasField("emulator") else None,
-            int(resp.worker_identity),
-        )
+        return Membership.from_reply(resp, sid)
 
     async def gather(
         self, value: int, *, rank: int, world_size: int, session_id: int, timeout: float = 120.0

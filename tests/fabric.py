@@ -135,3 +135,165 @@ class Fabric:
             if self.now > max_time:
                 raise TimeoutError(f"allreduce did not finish in {max_time} s of virtual time")
         return [o.reshape(x.shape) for o, x in zip(outs, inputs)]
+
+
+class RestartFabric(Fabric):
+    """A :class:`Fabric` whose switch can restart, and whose workers run their
+    own sequences of calls (a worker that finishes a call starts its next one at
+    once, so workers drift apart by up to a call, as real ones do).
+
+    A restart replaces the engine with a fresh one (a new instance): packets on
+    their way to the switch land on the new one (unknown sources until the job
+    is resumed), results already sent still arrive. The workers follow the host
+    library's recovery (hostlib.client): a worker that has had no result for
+    ``probe_after`` asks the "control plane" (here: compares the instance it
+    joined with the current one); once every rank asked, the job is registered
+    anew, :func:`~swemu.protocol.worker.recovery.plan_repairs` decides which
+    results each rank lacks, and each applies them and resends what is
+    outstanding (:meth:`~swemu.protocol.worker.protocol.Allreduce.apply_repairs`).
+    A worker with no call left joins the resume at once (a real one joins at
+    its next call)."""
+
+    def __init__(self, *args, probe_after: float = 0.02, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.instance = 1
+        self.joined = [1] * self.w  # the instance each worker registered with
+        self.probe_after = probe_after
+        self.restarts = 0
+        self.repaired = 0  # results handed from rank to rank at resumes
+        self._config = (kwargs.get("window", 4), kwargs.get("size_code", 0))
+
+    def restart(self) -> None:
+        """The switch crashes and comes back empty, on the same address."""
+        window, _ = self._config
+        self.engine = SwitchEngine(EngineConfig(pool_size=max(window, 1)))
+        self.instance += 1
+        self.restarts += 1
+
+    def _resume(self, ops: list) -> None:
+        from swemu.protocol.worker.recovery import plan_repairs
+
+        window, code = self._config
+        progress = {r: p.progress(ops[r]) for r, p in enumerate(self.protos)}
+        repairs = plan_repairs(progress)
+        for r, (ip, port) in enumerate(self.addrs):
+            self.engine.register(
+                session_id=1,
+                rank=r,
+                num_workers=self.w,
+                ipv4=ip,
+                udp_port=port,
+                packet_size=code,
+                pool_size=window,
+            )
+        for r, op in enumerate(ops):
+            self.joined[r] = self.instance
+            self.repaired += len(repairs[r])
+            if op is None:
+                assert not repairs[r], "a worker with no call cannot lack a result"
+                continue
+            for pkt in op.packets(op.apply_repairs(repairs[r], self.now)):
+                self._post(bytes(pkt), "up", r)
+
+    def run(
+        self,
+        calls: list[list[np.ndarray]],
+        restart_after: list[int] = (),
+        max_time: float = 600.0,
+    ) -> list[list[np.ndarray]]:
+        """Worker r runs ``calls[r]`` in order; the switch restarts once
+        ``restart_after[i]`` packets have reached it (counting both
+        directions). Returns each worker's results."""
+        w = self.w
+        pending = sorted(restart_after)
+        results: list[list[np.ndarray]] = [[] for _ in range(w)]
+        nxt = [0] * w
+        ops: list = [None] * w
+        asked: set[int] = set()  # ranks waiting in the resume rendezvous
+        resuming = False  # every rank asked: the switch resumes the job soon
+        next_probe = [0.0] * w
+        buf = np.zeros((1, self.plen + 1), np.uint8)
+        lens = np.zeros(1, np.int32)
+        ok = np.ones(1, np.uint8)
+        moved = 0
+
+        def start(r: int) -> None:
+            if nxt[r] == len(calls[r]):
+                ops[r] = None
+                return
+            op = self.protos[r].allreduce(calls[r][nxt[r]], None, self.now)
+            ops[r] = op
+            for pkt in op.packets(op.initial(self.now)):
+                self._post(bytes(pkt), "up", r)
+
+        def finished(r: int) -> None:
+            op = ops[r]
+            self.protos[r].retain(op)
+            results[r].append((op.of if op.is_float else op.oi).copy())
+            nxt[r] += 1
+            start(r)
+
+        for r in range(w):
+            start(r)
+        while any(op is not None for op in ops):
+            for r in range(w):
+                if ops[r] is not None and ops[r].done:
+                    finished(r)
+            # idle workers join a resume at once (a real one at its next call)
+            if len(asked) and any(ops[r] is None and r not in asked for r in range(w)):
+                asked |= {r for r in range(w) if ops[r] is None}
+            if len(asked) == w and not resuming:
+                # every rank has asked and sends no more: the switch registers the
+                # job once what they sent before has arrived (docs/protocol.md §5)
+                resuming = True
+                self._seq += 1
+                when = self.now + self.faults.latency + self.faults.reorder + 1e-6
+                heapq.heappush(self._events, (when, self._seq, "resume", -1, b""))
+            live = [(op.get_timer(), r) for r, op in enumerate(ops) if op is not None]
+            if not live:
+                break
+            t_timer, r_timer = min(live)
+            if self._events and self._events[0][0] <= t_timer:
+                when, _, direction, who, data = heapq.heappop(self._events)
+                self.now = max(self.now, when)
+                moved += 1
+                if pending and moved >= pending[0]:
+                    pending.pop(0)
+                    self.restart()
+                if direction == "resume":
+                    asked.clear()
+                    resuming = False
+                    self._resume(ops)
+                elif direction == "up":
+                    self.delivered["up"] += 1
+                    _, out = self.engine.receive_datagram(data, self.addrs[who], self.now)
+                    for pkt, dst in out:
+                        self._post(pkt, "down", self.rank_of[dst])
+                else:
+                    self.delivered["down"] += 1
+                    op = ops[who]
+                    if op is None or who in asked:  # resuming: results are dropped
+                        continue
+                    buf[0, : len(data)] = np.frombuffer(data, np.uint8)
+                    lens[0] = len(data)
+                    for s in op.packets(op.receive(buf, lens, ok, 1, self.now)):
+                        self._post(bytes(s), "up", who)
+            else:
+                self.now = max(self.now, t_timer)
+                op = ops[r_timer]
+                if (
+                    self.now - op.last_progress >= self.probe_after
+                    and self.now >= next_probe[r_timer]
+                ):
+                    next_probe[r_timer] = self.now + self.probe_after
+                    if self.joined[r_timer] != self.instance:
+                        asked.add(r_timer)
+                op.check(self.now)
+                sent = op.packets(op.handle_timer(self.now))
+                if r_timer in asked:
+                    continue  # resuming: nothing is sent (the timers still run)
+                for s in sent:
+                    self._post(bytes(s), "up", r_timer)
+            if self.now > max_time:
+                raise TimeoutError(f"the calls did not finish in {max_time} s of virtual time")
+        return results

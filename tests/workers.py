@@ -107,3 +107,38 @@ def pooled_results(ctx: hostlib.Context, n: int, calls: int) -> dict:
         "allocated": pool.allocated,
         "reused": pool.reused,
     }
+
+
+def restart_loop(
+    ctx: hostlib.Context, iters: int, n: int, dtype: str, progress, go=None
+) -> list[str]:
+    """``iters`` allreduces of ``rank_input`` through a switch that the test kills
+    and starts again meanwhile; reports ``(rank, call, "start"|"done")`` on the
+    ``progress`` queue, waits for ``go`` (an Event) before the first call, and
+    returns one line per result that differs from what an uninterrupted job
+    gives: the exact sum (int32), or bit for bit ``quant.simulate_allreduce``
+    of every rank's input (float32)."""
+    from swemu.protocol.worker import quant
+
+    wrong = []
+    dt = np.dtype(dtype)
+    nvals = 32 << ctx.options.packet_size
+    progress.put((ctx.rank, -1, "joined"))
+    if go is not None:
+        go.wait(120)
+    for call in range(iters):
+        x = rank_input(ctx.rank, n, call, dt)
+        progress.put((ctx.rank, call, "start"))
+        y = ctx.allreduce(x)
+        progress.put((ctx.rank, call, "done"))
+        inputs = [rank_input(r, n, call, dt) for r in range(ctx.world_size)]
+        if dt == np.int32:
+            want = np.sum([v.astype(np.int64) for v in inputs], axis=0).astype(np.int32)
+        else:
+            want = quant.simulate_allreduce(inputs, nvals)
+        if not np.array_equal(y, want):
+            bad = np.flatnonzero(y != want)
+            wrong.append(
+                f"call {call}: {bad.size} values differ, chunks {sorted(set(bad // nvals))}"
+            )
+    return wrong

@@ -153,6 +153,9 @@ class Session:
     handle: Any  # the target's job (an engine Job, a Tofino job entry, ...)
     workers: dict[int, WorkerAddress] = field(default_factory=dict)  # rank -> address
     released_ranks: set[int] = field(default_factory=set)  # ranks done with the job
+    # restart recovery: 1 when registered, one more each time the job is resumed
+    # (:meth:`SessionController.resume`); workers compare it with the one they joined
+    epoch: int = 1
 
     @property
     def session_id(self) -> int:
@@ -337,6 +340,34 @@ class SessionController:
         registering again replaces its address; an address registered again leaves
         whichever worker of whichever job held it.
         """
+        params, worker = self._check_request(
+            session_id=session_id,
+            rank=rank,
+            num_workers=num_workers,
+            ipv4=ipv4,
+            udp_port=udp_port,
+            packet_size=packet_size,
+            pool_size=pool_size,
+            mac=mac,
+            loopback_broadcast=loopback_broadcast,
+        )
+        return self._register(params, rank, worker, now)
+
+    def _check_request(
+        self,
+        *,
+        session_id: int,
+        rank: int,
+        num_workers: int,
+        ipv4: int,
+        udp_port: int,
+        packet_size: int,
+        pool_size: int,
+        mac: int,
+        loopback_broadcast: bool,
+    ) -> tuple[JobParams, WorkerAddress]:
+        """A registration's own checks (none against other sessions): its job's
+        parameters and the worker's address, or RegistrationError."""
         limits = self.target.limits
         bad = INVALID_ARGUMENT
         if session_id == 0:
@@ -369,7 +400,14 @@ class SessionController:
         params = JobParams(
             session_id, num_workers, packet_size, pool_size or limits.default_pool_size
         )
-        worker = WorkerAddress(ipv4, udp_port, mac, bool(loopback_broadcast))
+        return params, WorkerAddress(ipv4, udp_port, mac, bool(loopback_broadcast))
+
+    def _register(self, params: JobParams, rank: int, worker: WorkerAddress, now: float) -> Session:
+        """Register a checked request (:meth:`register`'s rules against the
+        other sessions, then the writes)."""
+        bad = INVALID_ARGUMENT
+        session_id, num_workers = params.session_id, params.num_workers
+        packet_size = params.size_code
         session = self.sessions.get(session_id)
         evict: list[Session] = []
         no_room: RegistrationError | None = None  # why a rank 0 must evict
@@ -415,6 +453,44 @@ class SessionController:
         assert session is not None
         session.released_ranks.discard(rank)  # registering again: not done any more
         self._place(session, rank, worker, now)
+        return session
+
+    def resume(self, requests: list[dict[str, Any]], now: float = 0.0) -> Session:
+        """Register every rank of a job at once (the ``Resume`` RPC, after a switch
+        restart or a rebuild); ``requests[r]`` holds :meth:`register`'s keyword
+        arguments for rank r (``now`` apart). Raise RegistrationError.
+
+        All requests are checked first, against each other too (one per rank
+        0..W-1, the same job parameters); then the job is made anew exactly as
+        rank 0's registration followed by the others' would make it (a job of the
+        session still here is replaced: its pools go), and its epoch is one more
+        than the replaced job's (1 when there was none: a restarted switch)."""
+        if not requests:
+            raise RegistrationError(INVALID_ARGUMENT, "a resume needs the job's ranks")
+        checked = [self._check_request(**req) for req in requests]
+        params = checked[0][0]
+        ranks = sorted(req["rank"] for req in requests)
+        if ranks != list(range(params.num_workers)):
+            raise RegistrationError(
+                INVALID_ARGUMENT,
+                f"a resume of session {params.session_id} needs each of its "
+                f"{params.num_workers} ranks once, got ranks {ranks}",
+            )
+        for req, (other, _) in zip(requests, checked):
+            if other != params:
+                raise RegistrationError(
+                    INVALID_ARGUMENT,
+                    f"rank {req['rank']} resumes with {other} but rank {requests[0]['rank']} "
+                    f"with {params}",
+                )
+        old = self.sessions.get(params.session_id)
+        epoch = old.epoch + 1 if old is not None else 1
+        order = sorted(zip(requests, checked), key=lambda pair: pair[0]["rank"])
+        session = None
+        for req, (job, worker) in order:
+            session = self._register(job, req["rank"], worker, now)
+        assert session is not None
+        session.epoch = epoch
         return session
 
     def broadcast_port(self, session: Session) -> int:

@@ -73,6 +73,8 @@ class EmulatorProcess:
     and :meth:`stop`. ``shards`` > 1 runs the data plane in that many
     processes (``serve --shards``): ``switch`` is shard 0's address and
     ``data_ports`` lists every shard's port (workers learn them at registration).
+    ``port`` and ``control_port`` choose the ports (0: free ones), e.g. to start
+    an emulator again where one was killed (:meth:`kill`).
     """
 
     def __init__(
@@ -83,8 +85,12 @@ class EmulatorProcess:
         startup_timeout: float = 300.0,
         log_level: str = "warning",
         stderr=None,
+        port: int = 0,
+        control_port: int = 0,
     ) -> None:
         self.extra = list(args)
+        self.port = port
+        self.control_port = control_port
         self.shards = shards
         self.host = host
         self.startup_timeout = startup_timeout
@@ -132,9 +138,9 @@ class EmulatorProcess:
             "--host",
             self.host,
             "--port",
-            "0",
+            str(self.port),
             "--control-port",
-            "0",
+            str(self.control_port),
             "--log-level",
             self.log_level,
             "--ready-file",
@@ -182,6 +188,13 @@ class EmulatorProcess:
                 self.proc.wait()
         self._remove_dir()
         return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would: nothing is shut down in order."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._remove_dir()
 
     def _remove_dir(self) -> None:
         if self._dir is not None:

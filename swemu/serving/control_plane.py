@@ -3,7 +3,10 @@
 Besides p4app-switchML's calls, ``Session.Release`` (a rank is done with its
 job; the last rank's release frees it) and ``Session.SwitchInfo`` (what the
 switch is, before registering: an emulator says so and names its fastest
-packet size) -- see docs/lifetime.md.
+packet size) -- see docs/lifetime.md -- and restart recovery (docs/protocol.md
+§5): ``Session.Status`` (is this the switch instance and the job's epoch a
+worker joined?) and ``Session.Resume`` (every rank reports its progress; once
+all have, the job is made anew and each rank learns the results it lacks).
 
 A thin adapter: every rule of registration lives in
 :class:`swemu.core.controller.SessionController`; this module turns requests into
@@ -23,15 +26,18 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import grpc
 
-from swemu.core.controller import RegistrationError, SessionController
+from swemu.core.controller import RegistrationError, Session, SessionController
+from swemu.protocol.proto import CONTROL_MESSAGE_BYTES
 from swemu.protocol.proto import switchml_pb2 as pb
 from swemu.protocol.proto import switchml_pb2_grpc as pb_grpc
+from swemu.protocol.worker.recovery import Progress, RecoveryError, SlotResult, plan_repairs
 
 if TYPE_CHECKING:
     from swemu.core.engine import SwitchEngine
@@ -76,6 +82,13 @@ class SessionService(pb_grpc.SessionServicer):
     the packet that completed the slot. The reply says which
     (``worker_identity``); ``advertise_identity=False`` leaves that field out, as a
     switch from before it (tests of the host library's fallback use it).
+
+    ``instance`` identifies this run of the switch (default: drawn at random);
+    registrations answer it with the job's epoch, and ``Status``/``Resume``
+    use both (restart recovery). ``flush``, when given, is called before a
+    resumed job is registered: the data plane processes what its socket holds
+    first (:meth:`swemu.serving.dataplane.DataPlane.flush`), so that packets the
+    workers sent before they resumed never count in the fresh slots.
     """
 
     def __init__(
@@ -90,6 +103,8 @@ class SessionService(pb_grpc.SessionServicer):
         commit: Callable[[], Awaitable[None]] | None = None,
         identify_by: str = "ip-port",
         advertise_identity: bool = True,
+        instance: int | None = None,
+        flush: Callable[[], None] | None = None,
     ) -> None:
         if identify_by not in IDENTITY_MODES:
             raise ValueError(f"identify_by must be one of {', '.join(IDENTITY_MODES)}")
@@ -107,6 +122,9 @@ class SessionService(pb_grpc.SessionServicer):
             if advertise_identity
             else pb.IDENTITY_UNKNOWN
         )
+        self.instance = instance if instance is not None else random.getrandbits(63) | 1
+        self.flush = flush
+        self._resumes: dict[int, dict[int, _Resumer]] = {}  # session -> rank -> waiting
 
     def _emulator_info(self) -> pb.EmulatorInfo | None:
         """UdpSessionResponse field 10: set only when the target is software."""
@@ -214,15 +232,178 @@ class SessionService(pb_grpc.SessionServicer):
         )
         if self.on_register is not None:
             self.on_register(params.session_id, request.rank)
+        return self._registered(session, broadcast)
+
+    def _registered(self, session: Session, broadcast: bool) -> pb.UdpSessionResponse:
+        """What UdpSession (and Resume) answer a registered rank."""
+        switch = self.controller.switch
         return pb.UdpSessionResponse(
-            session_id=request.session_id,
+            session_id=session.session_id,
             mac=switch.mac,
             ipv4=switch.ipv4,
             data_ports=list(switch.data_ports),
             broadcast_port=self.controller.broadcast_port(session) if broadcast else 0,
             emulator=self._emulator_info(),
             worker_identity=self.identity,
+            instance=self.instance,
+            epoch=session.epoch,
         )
+
+    async def Status(
+        self, request: pb.StatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.StatusResponse:
+        """Restart recovery: this switch's instance, and whether it holds the
+        session (with this rank registered) and at which epoch. A worker whose
+        results stopped coming asks it to tell a restarted or rebuilt switch
+        (resume) from a slow peer (wait)."""
+        session = self.controller.sessions.get(request.session_id)
+        known = session is not None and request.rank in session.workers
+        return pb.StatusResponse(
+            instance=self.instance, known=known, epoch=session.epoch if known else 0
+        )
+
+    async def Resume(
+        self, request: pb.ResumeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ResumeResponse:
+        """Restart recovery: wait until every rank of the job has reported, then
+        register them all at once at a new epoch (:meth:`SessionController.resume`)
+        and answer each with its registration and the results it lacks
+        (:func:`~swemu.protocol.worker.recovery.plan_repairs`). A rank that reports again
+        replaces its earlier report; a caller that goes away no longer counts."""
+        reg = request.registration
+        if reg.num_workers == 0 or reg.rank >= reg.num_workers or reg.session_id == 0:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"a resume needs a session, and rank {reg.rank} below num_workers "
+                f"{reg.num_workers}",
+            )
+        if self.controller.switch is None:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "the controller has no switch address configured"
+            )
+        waiting = self._resumes.setdefault(reg.session_id, {})
+        me = _Resumer(
+            request=request,
+            ipv4=reg.ipv4 or _peer_ipv4(context),
+            done=asyncio.get_running_loop().create_future(),
+        )
+        earlier = waiting.get(reg.rank)
+        if earlier is not None and not earlier.done.done():
+            earlier.done.cancel()
+        others = [w for w in waiting.values() if w.request.registration.rank != reg.rank]
+        if others and others[0].request.registration.num_workers != reg.num_workers:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"rank {reg.rank} resumes session {reg.session_id} with num_workers "
+                f"{reg.num_workers}, another rank with "
+                f"{others[0].request.registration.num_workers}",
+            )
+        waiting[reg.rank] = me
+        log.info(
+            "session %d: rank %d asks to resume (%d of %d ranks so far)",
+            reg.session_id,
+            reg.rank,
+            len(waiting),
+            reg.num_workers,
+        )
+        if len(waiting) == reg.num_workers:
+            del self._resumes[reg.session_id]
+            await self._resume_all(reg.session_id, waiting)
+        try:
+            answer = await asyncio.shield(me.done)
+        except asyncio.CancelledError:
+            if waiting.get(reg.rank) is me:
+                del waiting[reg.rank]
+                if not waiting:
+                    self._resumes.pop(reg.session_id, None)
+            raise
+        if isinstance(answer, RegistrationError):
+            await context.abort(getattr(grpc.StatusCode, answer.code), answer.message)
+        return answer
+
+    async def _resume_all(self, session_id: int, waiting: dict[int, _Resumer]) -> None:
+        """Every rank has reported: resume the job and answer each caller."""
+        by_port = self.by_port
+        requests = []
+        progress = {}
+        for rank, w in sorted(waiting.items()):
+            reg = w.request.registration
+            requests.append(
+                {
+                    "session_id": reg.session_id,
+                    "rank": rank,
+                    "num_workers": reg.num_workers,
+                    "ipv4": w.ipv4,
+                    "udp_port": reg.udp_port if by_port else 0,
+                    "packet_size": int(reg.packet_size),
+                    "pool_size": reg.pool_size,
+                    "mac": reg.mac,
+                    "loopback_broadcast": reg.loopback_broadcast and by_port,
+                }
+            )
+            progress[rank] = Progress(
+                tuple(w.request.rounds),
+                {r.slot: _slot_result(r) for r in w.request.last},
+            )
+        try:
+            try:
+                repairs = plan_repairs(progress)
+            except RecoveryError as exc:
+                raise RegistrationError("FAILED_PRECONDITION", str(exc)) from None
+            if self.flush is not None:
+                self.flush()
+            session = self.controller.resume(requests, now=self.clock())
+            if self.commit is not None:
+                await self.commit()
+        except RegistrationError as exc:
+            log.warning("refused to resume session %d: %s", session_id, exc.message)
+            for w in waiting.values():
+                if not w.done.done():
+                    w.done.set_result(exc)
+            return
+        fixed = sum(len(r) for r in repairs.values())
+        log.info(
+            "session %d resumed at epoch %d with its %d ranks (%d lost results handed on)",
+            session_id,
+            session.epoch,
+            len(waiting),
+            fixed,
+        )
+        if self.on_register is not None:
+            self.on_register(session_id, 0)
+        for rank, w in waiting.items():
+            broadcast = requests[rank]["loopback_broadcast"]
+            answer = pb.ResumeResponse(
+                registration=self._registered(session, broadcast),
+                repairs=[_slot_message(r) for r in repairs[rank]],
+            )
+            if not w.done.done():
+                w.done.set_result(answer)
+
+
+@dataclass
+class _Resumer:
+    """A rank waiting in Resume: its report, its address and its answer."""
+
+    request: pb.ResumeRequest
+    ipv4: int
+    done: asyncio.Future
+
+
+def _slot_result(m: pb.SlotResult) -> SlotResult:
+    return SlotResult(m.slot, m.round, m.tsi, m.set, m.job_number, m.e0, bytes(m.values))
+
+
+def _slot_message(r: SlotResult) -> pb.SlotResult:
+    return pb.SlotResult(
+        slot=r.slot,
+        round=r.round,
+        tsi=r.tsi,
+        set=r.set,
+        job_number=r.job_number,
+        e0=r.e0,
+        values=r.values,
+    )
 
 
 @dataclass
@@ -337,7 +518,13 @@ async def start_control_server(
     host: str, port: int, services: tuple[SessionService, SyncService], extra: list = ()
 ) -> tuple[grpc.aio.Server, int]:
     """Start a grpc.aio server with the services; return it and its bound port."""
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    server = grpc.aio.server(
+        options=[
+            ("grpc.so_reuseport", 0),
+            ("grpc.max_receive_message_length", CONTROL_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", CONTROL_MESSAGE_BYTES),
+        ]
+    )
     session, sync = services
     pb_grpc.add_SessionServicer_to_server(session, server)
     pb_grpc.add_SyncServicer_to_server(sync, server)

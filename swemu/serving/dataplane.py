@@ -292,6 +292,14 @@ class DataPlane:
         self._gro_socket = on
         self.gro = self.gro or on
 
+    def flush(self) -> None:
+        """Process every datagram waiting in the socket now, under the tables as
+        they are. A job resumed after a restart is registered only after this
+        (docs/protocol.md §5): a packet its workers sent before resuming must
+        not count in its fresh slots."""
+        if self._reading:
+            self._on_readable()
+
     def _on_readable(self) -> None:
         self._callbacks += 1
         if self.echo:

@@ -287,6 +287,7 @@ class Emulator:
                 on_register=lambda *_: self._arm_timer(),
                 identify_by=self.identify_by,
                 advertise_identity=self._advertise_identity,
+                flush=self._data.flush,
             )
             control = EmulatorControlService(self.snapshot, self.set_faults_handler())
             self._grpc, self.control_port = await start_control_server(

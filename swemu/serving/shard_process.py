@@ -129,6 +129,7 @@ class _Shard:
 
     # requests (op_<name>), in the order the main process sent them
     def op_create_job(self, session_id: int, workers: int, code: int, pool: int) -> None:
+        self.data.flush()  # what arrived before counts under the tables before (a resume)
         self.engine.create_job(session_id, workers, code, pool, self.loop.time())
 
     def op_delete_job(self, session_id: int, why: str) -> None:

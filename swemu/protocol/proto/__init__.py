@@ -9,4 +9,9 @@ May import: nothing but its own stubs.
 
 from . import switchml_pb2, switchml_pb2_grpc
 
-__all__ = ["switchml_pb2", "switchml_pb2_grpc"]
+__all__ = ["CONTROL_MESSAGE_BYTES", "switchml_pb2", "switchml_pb2_grpc"]
+
+#: The largest control-plane message either side takes (servers and channels set
+#: it): a Resume's report holds each slot's last result, up to 512 slots of
+#: 16 KiB, beyond gRPC's default of 4 MiB.
+CONTROL_MESSAGE_BYTES = 64 << 20

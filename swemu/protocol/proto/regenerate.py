@@ -6,6 +6,10 @@ import pathlib
 import re
 import sys
 
+#: The stubs check at import that the installed grpcio is at least the grpcio-tools
+#: that wrote them; they are written to need no more than pyproject.toml asks for.
+GRPCIO_FLOOR = "1.85.1"
+
 
 def main() -> int:
     from grpc_tools import protoc  # dev extra only
@@ -26,9 +30,14 @@ def main() -> int:
             return rc
         stub = here / f"{proto.stem}_pb2_grpc.py"
         # protoc writes absolute imports; the stubs live inside a package.
-        stub.write_text(
-            re.sub(r"^import (\w+_pb2) as", r"from . import \1 as", stub.read_text(), flags=re.M)
+        text = re.sub(r"^import (\w+_pb2) as", r"from . import \1 as", stub.read_text(), flags=re.M)
+        text = re.sub(
+            r"^GRPC_GENERATED_VERSION = '[^']*'",
+            f"GRPC_GENERATED_VERSION = '{GRPCIO_FLOOR}'",
+            text,
+            flags=re.M,
         )
+        stub.write_text(text)
     return 0
 
 

@@ -98,7 +98,7 @@ class UdpSessionRequest(_message.Message):
     def __init__(self, session_id: _Optional[int] = ..., rank: _Optional[int] = ..., num_workers: _Optional[int] = ..., mac: _Optional[int] = ..., ipv4: _Optional[int] = ..., packet_size: _Optional[_Union[PacketSize, str]] = ..., udp_port: _Optional[int] = ..., pool_size: _Optional[int] = ..., loopback_broadcast: _Optional[bool] = ...) -> None: ...
 
 class UdpSessionResponse(_message.Message):
-    __slots__ = ("session_id", "mac", "ipv4", "data_ports", "broadcast_port", "emulator", "worker_identity")
+    __slots__ = ("session_id", "mac", "ipv4", "data_ports", "broadcast_port", "emulator", "worker_identity", "instance", "epoch")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MAC_FIELD_NUMBER: _ClassVar[int]
     IPV4_FIELD_NUMBER: _ClassVar[int]
@@ -106,6 +106,8 @@ class UdpSessionResponse(_message.Message):
     BROADCAST_PORT_FIELD_NUMBER: _ClassVar[int]
     EMULATOR_FIELD_NUMBER: _ClassVar[int]
     WORKER_IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     mac: int
     ipv4: int
@@ -113,7 +115,9 @@ class UdpSessionResponse(_message.Message):
     broadcast_port: int
     emulator: EmulatorInfo
     worker_identity: WorkerIdentity
-    def __init__(self, session_id: _Optional[int] = ..., mac: _Optional[int] = ..., ipv4: _Optional[int] = ..., data_ports: _Optional[_Iterable[int]] = ..., broadcast_port: _Optional[int] = ..., emulator: _Optional[_Union[EmulatorInfo, _Mapping]] = ..., worker_identity: _Optional[_Union[WorkerIdentity, str]] = ...) -> None: ...
+    instance: int
+    epoch: int
+    def __init__(self, session_id: _Optional[int] = ..., mac: _Optional[int] = ..., ipv4: _Optional[int] = ..., data_ports: _Optional[_Iterable[int]] = ..., broadcast_port: _Optional[int] = ..., emulator: _Optional[_Union[EmulatorInfo, _Mapping]] = ..., worker_identity: _Optional[_Union[WorkerIdentity, str]] = ..., instance: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class EmulatorInfo(_message.Message):
     __slots__ = ("packet_size",)
@@ -178,3 +182,57 @@ class BroadcastResponse(_message.Message):
     VALUE_FIELD_NUMBER: _ClassVar[int]
     value: int
     def __init__(self, value: _Optional[int] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ("session_id", "rank")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    rank: int
+    def __init__(self, session_id: _Optional[int] = ..., rank: _Optional[int] = ...) -> None: ...
+
+class StatusResponse(_message.Message):
+    __slots__ = ("instance", "known", "epoch")
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    instance: int
+    known: bool
+    epoch: int
+    def __init__(self, instance: _Optional[int] = ..., known: _Optional[bool] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class SlotResult(_message.Message):
+    __slots__ = ("slot", "round", "tsi", "set", "job_number", "e0", "values")
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    TSI_FIELD_NUMBER: _ClassVar[int]
+    SET_FIELD_NUMBER: _ClassVar[int]
+    JOB_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    E0_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    slot: int
+    round: int
+    tsi: int
+    set: int
+    job_number: int
+    e0: int
+    values: bytes
+    def __init__(self, slot: _Optional[int] = ..., round: _Optional[int] = ..., tsi: _Optional[int] = ..., set: _Optional[int] = ..., job_number: _Optional[int] = ..., e0: _Optional[int] = ..., values: _Optional[bytes] = ...) -> None: ...
+
+class ResumeRequest(_message.Message):
+    __slots__ = ("registration", "rounds", "last")
+    REGISTRATION_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    registration: UdpSessionRequest
+    rounds: _containers.RepeatedScalarFieldContainer[int]
+    last: _containers.RepeatedCompositeFieldContainer[SlotResult]
+    def __init__(self, registration: _Optional[_Union[UdpSessionRequest, _Mapping]] = ..., rounds: _Optional[_Iterable[int]] = ..., last: _Optional[_Iterable[_Union[SlotResult, _Mapping]]] = ...) -> None: ...
+
+class ResumeResponse(_message.Message):
+    __slots__ = ("registration", "repairs")
+    REGISTRATION_FIELD_NUMBER: _ClassVar[int]
+    REPAIRS_FIELD_NUMBER: _ClassVar[int]
+    registration: UdpSessionResponse
+    repairs: _containers.RepeatedCompositeFieldContainer[SlotResult]
+    def __init__(self, registration: _Optional[_Union[UdpSessionResponse, _Mapping]] = ..., repairs: _Optional[_Iterable[_Union[SlotResult, _Mapping]]] = ...) -> None: ...

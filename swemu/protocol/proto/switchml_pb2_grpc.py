@@ -54,6 +54,16 @@ class SessionStub:
                 request_serializer=switchml__pb2.SwitchInfoRequest.SerializeToString,
                 response_deserializer=switchml__pb2.UdpSessionResponse.FromString,
                 _registered_method=True)
+        self.Status = channel.unary_unary(
+                '/switchml_proto.Session/Status',
+                request_serializer=switchml__pb2.StatusRequest.SerializeToString,
+                response_deserializer=switchml__pb2.StatusResponse.FromString,
+                _registered_method=True)
+        self.Resume = channel.unary_unary(
+                '/switchml_proto.Session/Resume',
+                request_serializer=switchml__pb2.ResumeRequest.SerializeToString,
+                response_deserializer=switchml__pb2.ResumeResponse.FromString,
+                _registered_method=True)
 
 
 class SessionServicer:
@@ -90,6 +100,23 @@ class SessionServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Status(self, request, context):
+        """Restart recovery (docs/protocol.md §5, "Surviving a switch restart"): is this
+        still the switch instance and the epoch of the job the worker joined?
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Resume(self, request, context):
+        """After a switch restart (or a fabric's rebuild of the job): every rank of the
+        job reports its progress; once all have, the job is registered anew with
+        all of them at a new epoch and each rank gets the results it lacks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SessionServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -112,6 +139,16 @@ def add_SessionServicer_to_server(servicer, server):
                     servicer.SwitchInfo,
                     request_deserializer=switchml__pb2.SwitchInfoRequest.FromString,
                     response_serializer=switchml__pb2.UdpSessionResponse.SerializeToString,
+            ),
+            'Status': grpc.unary_unary_rpc_method_handler(
+                    servicer.Status,
+                    request_deserializer=switchml__pb2.StatusRequest.FromString,
+                    response_serializer=switchml__pb2.StatusResponse.SerializeToString,
+            ),
+            'Resume': grpc.unary_unary_rpc_method_handler(
+                    servicer.Resume,
+                    request_deserializer=switchml__pb2.ResumeRequest.FromString,
+                    response_serializer=switchml__pb2.ResumeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -222,6 +259,60 @@ class Session:
             '/switchml_proto.Session/SwitchInfo',
             switchml__pb2.SwitchInfoRequest.SerializeToString,
             switchml__pb2.UdpSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Status(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchml_proto.Session/Status',
+            switchml__pb2.StatusRequest.SerializeToString,
+            switchml__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Resume(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchml_proto.Session/Resume',
+            switchml__pb2.ResumeRequest.SerializeToString,
+            switchml__pb2.ResumeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -91,6 +91,7 @@ class WorkerState(NamedTuple):
     rto: np.ndarray  # float64[K]: its timeout
     tries: np.ndarray  # int32[K]: retransmissions of the outstanding packet
     quiet: np.ndarray  # float64[K]: last transmission + reorder guard (session-long)
+    rounds: np.ndarray  # int64[K]: results accepted on the slot (session-long; restart recovery)
     waiting: np.ndarray  # uint8[K]: 1 while a new packet waits for the quiet time to end
     send: np.ndarray  # int32[K]: the kernels' answer: the slots whose packet to send
     # --- the timer
@@ -376,6 +377,7 @@ def on_results(addrs, lens, ok, n, now, ws):
             continue
         e0 = read_e0(row)
         counters[Counter.RESULTS] += 1
+        ws.rounds[s] += 1
         if ws.tries[s] == 0:
             # RTT sample (Karn: never from a retransmitted packet), RFC 6298 smoothing
             sample = now - (ws.deadline[s] - ws.rto[s])
@@ -422,6 +424,37 @@ def on_results(addrs, lens, ok, n, now, ws):
     if streamed:
         stream.fence()  # the results are visible to every thread before they count as in
     return n_send
+
+
+@kernel
+def apply_result(s, e0, values_i, values_f, now, ws):
+    """Take the result of slot s's outstanding packet from elsewhere than the
+    switch (restart recovery: a rank that holds it hands it on, docs/protocol.md
+    §5): ``e0`` as the result's exponent and ``values_i`` or ``values_f`` (the
+    call's dtype; empty for an exponent packet's result) as the chunk's output,
+    exactly as another rank stored it. Then the slot moves on as after any
+    result; returns the count of slots in ``ws.send`` to send (0 or 1)."""
+    c = ws.chunk[s]
+    ws.counters[Counter.RESULTS] += 1
+    ws.rounds[s] += 1
+    if c == -1:
+        ws.shared_exp[s] = e0
+    else:
+        lo = c * ws.nvals
+        if ws.is_float:
+            o = ws.of[lo : lo + values_f.shape[0]]
+            for i in range(values_f.shape[0]):
+                o[i] = values_f[i]
+            if c + ws.nslots < ws.nchunks:
+                ws.shared_exp[c + ws.nslots] = e0
+        else:
+            o = ws.oi[lo : lo + values_i.shape[0]]
+            for i in range(values_i.shape[0]):
+                o[i] = values_i[i]
+    rto0 = _timeout(ws.rtt, ws.rto_min, ws.rto_max)
+    if _advance(s, now, ws, rto0):
+        return _send_or_wait(s, now, ws, 0)
+    return 0
 
 
 @kernel

@@ -34,6 +34,7 @@ from swemu.protocol import wire
 
 from . import kernels as K
 from .errors import NoProgressError
+from .recovery import Progress, RecoveryError, SlotResult
 
 SUPPORTED_DTYPES = (np.dtype(np.int32), np.dtype(np.float32))
 
@@ -122,6 +123,10 @@ class WorkerProtocol:
         self.rows = np.zeros((window, wire.packet_len(size_code)), np.uint8)
         self.rtt = np.zeros(len(K.Rtt), np.float64)  # the timer's learned state
         self.quiet = np.zeros(window, np.float64)  # per slot: last transmission + reorder guard
+        # restart recovery (docs/protocol.md §5): results accepted per slot, and the
+        # last result of each slot whose last result came in a finished call
+        self.rounds = np.zeros(window, np.int64)
+        self.retained: dict[int, SlotResult] = {}
 
     def allreduce(self, x: np.ndarray, out: np.ndarray | None, now: float) -> Allreduce:
         """Start one allreduce of ``x`` (validated here) into ``out``."""
@@ -129,6 +134,22 @@ class WorkerProtocol:
         op = Allreduce(self, flat_x, flat_out, self.calls % 256, now)
         self.calls += 1
         return op
+
+    def retain(self, op: Allreduce) -> None:
+        """Keep a copy of the last result of each slot of the finished call
+        ``op``, before its output goes back to the caller: a rank whose copy of
+        one of them is lost in a switch restart gets it from here (restart
+        recovery). A window of chunks, copied once per call."""
+        self.retained.update(op.last_results())
+
+    def progress(self, op: Allreduce | None = None) -> Progress:
+        """What this worker reports when it resumes after a switch restart: its
+        results per slot and its last result of each slot (``op``: the call in
+        progress, if any)."""
+        last = dict(self.retained)
+        if op is not None:
+            last.update(op.last_results())
+        return Progress(tuple(int(r) for r in self.rounds), last)
 
 
 class Allreduce:
@@ -189,6 +210,7 @@ class Allreduce:
             rto=self.rto,
             tries=self.tries,
             quiet=proto.quiet,
+            rounds=proto.rounds,
             waiting=self.waiting,
             send=self.send,
             rto_min=float(t.timeout),
@@ -272,6 +294,78 @@ class Allreduce:
             chunk=c,
             slot=oldest,
         )
+
+    def last_results(self) -> dict[int, SlotResult]:
+        """The last result of each slot that has had one in this call (its
+        chunk's output copied out; an exponent packet's result without values)."""
+        proto, k, nv = self.proto, self.proto.window, self.proto.nvals
+        out = self.of if self.is_float else self.oi
+        found: dict[int, SlotResult] = {}
+        for s in range(min(k, self.nchunks)):
+            c = int(self.chunk[s])
+            if c == -1:
+                continue  # waiting for its exponent packet: nothing yet in this call
+            if c == K.DONE:
+                prev = s + k * ((self.nchunks - 1 - s) // k)  # the slot's last chunk
+                st = int(self.cur_set[s])
+            else:
+                prev = c - k
+                st = 1 - int(self.cur_set[s])
+            if prev < 0 and not self.is_float:
+                continue  # the slot's first chunk is outstanding
+            if prev < 0:  # the result of the slot's exponent packet
+                tsi, e0, values = wire.EXP_TSI_BASE + s, int(self.shared_exp[s]), b""
+            else:
+                tsi, values = prev, out[prev * nv : min((prev + 1) * nv, self.size)].tobytes()
+                e0 = 0
+                if self.is_float:
+                    ahead = prev + k
+                    e0 = int(self.shared_exp[ahead]) if ahead < self.nchunks else wire.EXP_NONE
+            found[s] = SlotResult(s, int(proto.rounds[s]), tsi, st, self.job_number, e0, values)
+        return found
+
+    def apply_repairs(self, repairs: list[SlotResult], now: float) -> int:
+        """After a switch restart: take the results this worker lacks from the
+        ranks that hold them (the ``Resume`` reply), then queue every packet
+        still outstanding to be sent again, to a switch whose slots are fresh.
+        Returns the count of slots in :attr:`send`. Raises RecoveryError for a
+        repair that is not the result of this worker's outstanding packet."""
+        proto = self.proto
+        dtype = self.of.dtype if self.is_float else self.oi.dtype
+        empty_i, empty_f = self.oi[:0], self.of[:0]
+        queued: list[int] = []
+        for r in repairs:
+            s = r.slot
+            c = int(self.chunk[s]) if 0 <= s < proto.window else K.DONE
+            expect = wire.EXP_TSI_BASE + s if c == -1 else c
+            if (
+                c == K.DONE
+                or self.waiting[s]
+                or r.tsi != expect
+                or r.set != int(self.cur_set[s])
+                or r.job_number != self.job_number
+                or r.round != int(proto.rounds[s]) + 1
+            ):
+                raise RecoveryError(
+                    f"a repair of slot {s} (tsi {r.tsi}, round {r.round}) is not the result "
+                    f"this worker waits for there"
+                )
+            values = np.frombuffer(r.values, dtype) if c >= 0 else np.zeros(0, dtype)
+            if c >= 0 and values.shape[0] != min(proto.nvals, self.size - c * proto.nvals):
+                raise RecoveryError(f"a repair of slot {s} has {values.shape[0]} values")
+            vi, vf = (empty_i, values) if self.is_float else (values, empty_f)
+            if K.apply_result(s, int(r.e0), vi, vf, now, self.state):
+                queued.append(int(self.send[0]))
+        self.last_progress = now
+        again = np.flatnonzero((self.chunk != K.DONE) & (self.waiting == 0))
+        for s in again.tolist():
+            if s not in queued:
+                queued.append(s)
+                self.tries[s] += 1  # a resend: no RTT sample from its result (Karn)
+                self.deadline[s] = now + self.rto[s]
+        self.send[: len(queued)] = queued
+        self.counters[K.Counter.SENT] += len(queued)
+        return len(queued)
 
     def packets(self, n: int) -> list[memoryview]:
         """The datagrams of the first ``n`` slots in :attr:`send` (views of the rows)."""

@@ -1,0 +1,169 @@
+"""Jobs that survive a switch restart (docs/protocol.md §5, "Surviving a switch
+restart"): a real emulator killed with SIGKILL at seeded points of a running job
+and started again on the same ports; the workers notice, resume, and every
+result is what an uninterrupted job gives. The in-memory property tests of the
+same rules are tests/test_recovery.py."""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import random
+import threading
+import time
+
+import pytest
+from workers import restart_loop
+
+from hostlib.pytest_plugin import run_workers
+from swemu.launch import EmulatorProcess
+
+W = 3
+
+
+class Restarter:
+    """The emulator the test kills and starts again on the same ports."""
+
+    def __init__(self, *args: str) -> None:
+        self.args = args
+        self.emu = EmulatorProcess(*args).start()
+        self.ports = (self.emu.data[1], self.emu.control_addr[1])
+        self.restarts: list[tuple[float, float]] = []  # (kill → serving again), start time
+
+    def restart(self) -> None:
+        t0 = time.monotonic()
+        self.emu.kill()
+        t1 = time.monotonic()
+        self.emu = EmulatorProcess(*self.args, port=self.ports[0], control_port=self.ports[1])
+        self.emu.start()
+        self.restarts.append((time.monotonic() - t0, time.monotonic() - t1))
+
+    def stop(self) -> None:
+        self.emu.stop()
+
+
+def run_with_kills(emu: Restarter, plan, *, iters: int, n: int, dtype: str, **connect):
+    """Run ``restart_loop`` on W ranks; ``plan(event, restart)`` sees every
+    progress event ``(rank, call, what)`` and calls ``restart()`` when it wants.
+    Returns the ranks' lists of wrong results."""
+    mp = multiprocessing.get_context("spawn")
+    progress, go = mp.Queue(), mp.Event()
+    out: dict[str, object] = {}
+
+    def ranks() -> None:
+        try:
+            out["wrong"] = run_workers(
+                emu.emu.switch,
+                emu.emu.control,
+                W,
+                restart_loop,
+                iters,
+                n,
+                dtype,
+                progress,
+                go,
+                timeout=180.0,
+                session_id=0x5EED,
+                **connect,
+            )
+        except BaseException as exc:
+            out["error"] = exc
+
+    thread = threading.Thread(target=ranks)
+    thread.start()
+    try:
+        while thread.is_alive():
+            try:
+                event = progress.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            plan(event, emu.restart, go)
+    finally:
+        go.set()
+        thread.join(200)
+    if "error" in out:
+        raise out["error"]
+    return out["wrong"]
+
+
+def seeded_plan(seed: int, iters: int):
+    """Kill points drawn from ``seed``: before the first call (all ranks joined,
+    none sent), during the first call, right after one rank finished it, and in
+    the middle of later calls (with loss injected, retransmissions are pending)."""
+    rng = random.Random(seed)
+    joined: set[int] = set()
+    later = sorted(rng.sample(range(2, iters - 1), 2))
+    who = rng.randrange(W)  # whose start of those calls triggers the kill
+    fired: list[str] = []
+
+    def plan(event, restart, go) -> None:
+        rank, call, what = event
+        if what == "joined":
+            joined.add(rank)
+            if len(joined) == W:
+                restart()  # before the job's first round
+                fired.append("before")
+                go.set()
+        elif call == 0 and what == "start" and rank == 0 and "during" not in fired:
+            time.sleep(rng.uniform(0.0, 0.02))
+            restart()
+            fired.append("during")
+        elif call == 0 and what == "done" and "after" not in fired:
+            restart()  # one rank is done with the call, the others may not be
+            fired.append("after")
+        elif what == "start" and rank == who and later and call == later[0]:
+            later.pop(0)
+            time.sleep(rng.uniform(0.0, 0.03))
+            restart()
+            fired.append(f"call {call}")
+
+    plan.fired = fired
+    return plan
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [11, 23])
+def test_int32_loop_survives_restarts_at_seeded_points(seed):
+    """Five SIGKILLs per run (before, during and right after the first round,
+    two later calls with retransmissions pending under injected loss), two
+    seeds: every one of the 12 results of every rank is the exact sum."""
+    emu = Restarter("--loss-in", "0.02", "--loss-out", "0.02", "--seed", str(seed))
+    iters = 12
+    plan = seeded_plan(seed, iters)
+    try:
+        wrong = run_with_kills(
+            emu, plan, iters=iters, n=300_000, dtype="int32", window=24, no_progress=20
+        )
+    finally:
+        emu.stop()
+    assert plan.fired[:3] == ["before", "during", "after"], plan.fired
+    assert len(emu.restarts) == len(plan.fired) == 5
+    assert wrong == [[]] * W
+
+
+@pytest.mark.slow
+def test_float32_results_equal_an_uninterrupted_jobs():
+    """float32 through block floating point, two restarts mid-call: every
+    result is bit for bit what the same inputs give without restarts
+    (quant.simulate_allreduce), so within §4's bound."""
+    emu = Restarter()
+    iters = 6
+    fired = []
+
+    def plan(event, restart, go):
+        rank, call, what = event
+        if what == "joined":
+            go.set()
+        if what == "start" and rank == 1 and call in (1, 4) and call not in fired:
+            fired.append(call)
+            time.sleep(0.005)
+            restart()
+
+    try:
+        wrong = run_with_kills(
+            emu, plan, iters=iters, n=200_000, dtype="float32", packet_size=6, window=16
+        )
+    finally:
+        emu.stop()
+    assert fired == [1, 4]
+    assert wrong == [[]] * W
