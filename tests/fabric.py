@@ -297,3 +297,159 @@ class RestartFabric(Fabric):
             if self.now > max_time:
                 raise TimeoutError(f"the calls did not finish in {max_time} s of virtual time")
         return results
+
+
+class TreeFabric:
+    """Two levels of switch engines: workers -> child switches -> a root, all in
+    memory, with loss, duplication and reordering on every link (each direction
+    of worker-child and child-root links), from one seeded RNG.
+
+    ``groups[c]`` lists the ranks whose switch is child c. Each child's job has
+    its local workers as members and the root as parent
+    (:meth:`SwitchEngine.set_parent`); the root's job has the children's
+    uplinks as members. A single group is one switch serving the job alone (no
+    root, no hop), as the fabric's control plane arranges it. Children time
+    their uplinks like workers (the workers' Timing, reorder guard included)."""
+
+    ROOT = (0x0A00FF01, wire.DEFAULT_UDP_PORT)
+
+    def __init__(
+        self,
+        groups: list[list[int]],
+        *,
+        size_code: int = 0,
+        window: int = 4,
+        faults: Faults | None = None,
+        uplink_faults: Faults | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.groups = groups
+        self.w = sum(len(g) for g in groups)
+        assert sorted(r for g in groups for r in g) == list(range(self.w))
+        self.faults = faults or Faults()
+        self.uplink_faults = uplink_faults or self.faults  # child <-> root links
+        self.rng = random.Random(seed)
+        self.now = 0.0
+        self.plen = wire.packet_len(size_code)
+        self.timing = Timing(
+            timeout=0.002,
+            max_timeout=0.05,
+            no_progress=60.0,
+            reorder_guard=max(self.faults.reorder, self.uplink_faults.reorder),
+        )
+        self.addrs = [(0x0A000001 + r, 40000 + r) for r in range(self.w)]
+        self.child_of = {r: c for c, g in enumerate(groups) for r in g}
+        self.children = []  # (engine, job, data address, uplink address)
+        tree = len(groups) > 1
+        self.root = SwitchEngine(EngineConfig(pool_size=window)) if tree else None
+        for c, group in enumerate(groups):
+            eng = SwitchEngine(EngineConfig(pool_size=window))
+            eng.set_up_timing(self.timing)
+            data = (0x0A000100 + c, wire.DEFAULT_UDP_PORT)
+            uplink = (0x0A000100 + c, 50000 + c)
+            job = None
+            for d, r in enumerate(group):
+                job = eng.register(
+                    session_id=7,
+                    rank=d,
+                    num_workers=len(group),
+                    ipv4=self.addrs[r][0],
+                    udp_port=self.addrs[r][1],
+                    packet_size=size_code,
+                    pool_size=window,
+                )
+            if tree:
+                eng.set_parent(job, *self.ROOT)
+                self.root.register(
+                    session_id=7,
+                    rank=c,
+                    num_workers=len(groups),
+                    ipv4=uplink[0],
+                    udp_port=uplink[1],
+                    packet_size=size_code,
+                    pool_size=window,
+                )
+            self.children.append((eng, job, data, uplink))
+        self.child_of_uplink = {ch[3]: c for c, ch in enumerate(self.children)}
+        self.rank_at = {a: r for r, a in enumerate(self.addrs)}
+        self.protos = [
+            WorkerProtocol(
+                num_workers=self.w, size_code=size_code, window=window, timing=self.timing
+            )
+            for _ in range(self.w)
+        ]
+        self._events: list = []
+        self._seq = 0
+        self.counts = {"lost": 0, "dup": 0, "delivered": 0}
+
+    def _post(self, data: bytes, kind: str, who) -> None:
+        f = self.uplink_faults if kind in ("c2r", "r2c") else self.faults
+        loss = f.loss_up if kind in ("w2c", "c2r") else f.loss_down
+        copies = 1 + (self.rng.random() < f.dup)
+        self.counts["dup"] += copies - 1
+        for _ in range(copies):
+            if self.rng.random() < loss:
+                self.counts["lost"] += 1
+                continue
+            when = self.now + f.latency + self.rng.random() * f.reorder
+            self._seq += 1
+            heapq.heappush(self._events, (when, self._seq, kind, who, data))
+
+    def _route_child_output(self, c: int, out) -> None:
+        """What child c sent: results down to its workers, partial aggregates up."""
+        for pkt, dst in out:
+            if dst == self.ROOT:
+                self._post(pkt, "c2r", c)
+            else:
+                self._post(pkt, "c2w", self.rank_at[dst])
+
+    def allreduce(self, inputs: list[np.ndarray], max_time: float = 600.0) -> list[np.ndarray]:
+        ops = [p.allreduce(x, None, self.now) for p, x in zip(self.protos, inputs)]
+        for r, op in enumerate(ops):
+            for pkt in op.packets(op.initial(self.now)):
+                self._post(bytes(pkt), "w2c", r)
+        buf = np.zeros((1, self.plen + 1), np.uint8)
+        lens = np.zeros(1, np.int32)
+        ok = np.ones(1, np.uint8)
+        while not all(op.done for op in ops):
+            timers = [(op.get_timer(), "worker", r) for r, op in enumerate(ops) if not op.done]
+            if self.root is not None:
+                timers += [
+                    (eng.uplink_deadline(job), "child", c)
+                    for c, (eng, job, _, _) in enumerate(self.children)
+                ]
+            t_timer, what, who = min(timers)
+            if self._events and self._events[0][0] <= t_timer:
+                when, _, kind, who, data = heapq.heappop(self._events)
+                self.now = max(self.now, when)
+                self.counts["delivered"] += 1
+                if kind == "w2c":
+                    eng = self.children[self.child_of[who]][0]
+                    _, out = eng.receive_datagram(data, self.addrs[who], self.now)
+                    self._route_child_output(self.child_of[who], out)
+                elif kind == "c2r":
+                    _, out = self.root.receive_datagram(data, self.children[who][3], self.now)
+                    for pkt, dst in out:
+                        self._post(pkt, "r2c", self.child_of_uplink[dst])
+                elif kind == "r2c":
+                    eng, job = self.children[who][:2]
+                    self._route_child_output(who, eng.receive_from_parent(job, data, self.now))
+                else:
+                    op = ops[who]
+                    buf[0, : len(data)] = np.frombuffer(data, np.uint8)
+                    lens[0] = len(data)
+                    for s in op.packets(op.receive(buf, lens, ok, 1, self.now)):
+                        self._post(bytes(s), "w2c", who)
+            else:
+                self.now = max(self.now, t_timer)
+                if what == "worker":
+                    op = ops[who]
+                    op.check(self.now)
+                    for s in op.packets(op.handle_timer(self.now)):
+                        self._post(bytes(s), "w2c", who)
+                else:
+                    eng, job = self.children[who][:2]
+                    self._route_child_output(who, eng.uplink_due(job, self.now))
+            if self.now > max_time:
+                raise TimeoutError(f"allreduce did not finish in {max_time} s of virtual time")
+        return [(op.of if op.is_float else op.oi).reshape(x.shape) for op, x in zip(ops, inputs)]

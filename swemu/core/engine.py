@@ -71,6 +71,9 @@ from swemu.core.state import (
     Packets,
     PoolArray,
     SwitchState,
+    UpState,
+    UpTime,
+    UpTiming,
     WorkerCounter,
     counter_names,
 )
@@ -81,12 +84,16 @@ from swemu.protocol.wire import (
     MAX_SLOTS,
     MAX_WORKERS,
     int_to_ipv4,
+    packet_len,
     values_per_packet,
 )
+from swemu.protocol.worker.kernels import Rtt
+from swemu.protocol.worker.protocol import Timing
 
 #: Outcomes only the emulator has (not §2 rules, no P4 counterpart): injected
-#: loss and a packet sent to the wrong data-plane shard (``serve --shards``).
-EMULATOR_ONLY_ACTIONS = frozenset({Action.INJECTED_LOSS, Action.DROP_WRONG_SHARD})
+#: loss, a packet sent to the wrong data-plane shard (``serve --shards``) and a
+#: child switch's partial aggregate going up to its parent (a fabric, §7).
+EMULATOR_ONLY_ACTIONS = frozenset({Action.INJECTED_LOSS, Action.DROP_WRONG_SHARD, Action.UPWARD})
 
 
 #: Counter names of a snapshot, in column order (the columns' names, lower case).
@@ -173,6 +180,9 @@ class Job:
     broadcast_port: int = 0
     broadcast_holder: Any = None
     broadcast_ranks: set[int] = field(default_factory=set)
+    # a child switch's job (docs/protocol.md §7): the parent its partial aggregates
+    # go up to, as (ipv4, port), or None
+    parent: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.slots is None:
@@ -180,7 +190,8 @@ class Job:
 
     @property
     def memory(self) -> int:
-        return pool_bytes(self.slots, self.size_code)
+        up = self.slots * 8 * (len(UpTime) + len(UpState)) if self.parent else 0
+        return pool_bytes(self.slots, self.size_code) + up
 
 
 class Batch:
@@ -209,6 +220,8 @@ class Batch:
         self.dest_ip = np.zeros(capacity * MAX_WORKERS, np.uint32)
         self.dest_port = np.zeros(capacity * MAX_WORKERS, np.int32)
         self.dest_worker = np.zeros(capacity * MAX_WORKERS, np.int32)
+        self.up_row = np.zeros(capacity, np.int32)  # a child switch's partial aggregates
+        self.n_up = np.zeros(1, np.int64)
         self.n_dest = 0
         #: the received rows, as a receive fills them (:func:`swemu.protocol.fastio.receive`)
         self.rows = Rows(self.buf, self.lens, self.ip, self.port)
@@ -227,6 +240,17 @@ class Batch:
         self.port[r] = port
         self.n = r + 1
         return self.n == self.capacity
+
+    def upward(self, state: SwitchState) -> list[tuple[bytes, tuple[int, int]]]:
+        """A child switch's partial aggregates of this batch, as ``(bytes,
+        (parent ip, port))`` (tests and slow paths)."""
+        out = []
+        for k in range(int(self.n_up[0])):
+            r = int(self.up_row[k])
+            j = int(self.out_job[r])
+            parent = (int(state.job_up_ip[j]), int(state.job_up_port[j]))
+            out.append((self.out_buf[r, : self.out_len[r]].tobytes(), parent))
+        return out
 
     def results(self) -> list[tuple[bytes, tuple[int, int]]]:
         """The packets to send as ``(bytes, (ip, port))``, for tests and slow paths."""
@@ -283,6 +307,13 @@ class SwitchEngine:
         self.job_counters = np.zeros((mj, len(JobCounter)), np.int64)
         self.worker_counters = np.zeros((mj, MAX_WORKERS, len(WorkerCounter)), np.int64)
         self.global_counters = np.zeros(len(GlobalCounter), np.int64)
+        # a child switch's uplinks (docs/protocol.md §7): per job, where partial
+        # aggregates go up (port 0: nowhere), the timer's learned state, its settings
+        self.job_up_ip = np.zeros(mj, np.uint32)
+        self.job_up_port = np.zeros(mj, np.int32)
+        self.up_rtt = np.zeros((mj, len(Rtt)), np.float64)
+        self.up_timing = np.zeros(len(UpTiming), np.float64)
+        self.set_up_timing(Timing())
         # fault injection: per (job, worker) settings and per-job counters (swemu.core.faults)
         self.faults = np.zeros((mj, MAX_WORKERS, len(FaultParam)), np.float64)
         self.fault_counters = np.zeros((mj, len(FaultCounter)), np.int64)
@@ -297,8 +328,10 @@ class SwitchEngine:
             np.zeros(0, np.int8),
             np.zeros(0, np.uint32),
             np.zeros(0, np.int32),
+            np.zeros(0, np.float64),
+            np.zeros(0, np.int64),
         )
-        self._pools: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = [empty] * mj
+        self._pools: list[tuple[np.ndarray, ...]] = [empty] * mj
         self.pool_at = np.zeros((mj, len(PoolArray)), np.int64)
         for j in range(mj):
             self._set_pool(j, empty)
@@ -406,6 +439,8 @@ class SwitchEngine:
             np.zeros(2 * held * 2, np.int8),
             np.zeros(2 * held, np.uint32),
             np.zeros(2 * held, np.int32),
+            np.zeros(0, np.float64),  # the uplink's, once the job has one (set_parent)
+            np.zeros(0, np.int64),
         )
         self._set_pool(j, arrays)
 
@@ -416,7 +451,35 @@ class SwitchEngine:
     def pool_arrays(self, j: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``(values, exps, bitmap, count)`` of job entry ``j``: views of the
         arrays the kernels update (for snapshots and tests)."""
-        return self._pools[j]
+        return self._pools[j][:4]
+
+    def set_up_timing(self, timing: Timing) -> None:
+        """The uplinks' retransmission timer (a child switch toward its parent
+        times its packets as a worker does: :class:`Timing`'s timeout, backoff,
+        maximum and reorder guard)."""
+        t = self.up_timing
+        t[UpTiming.RTO_MIN] = timing.timeout
+        t[UpTiming.RTO_MAX] = timing.max_timeout
+        t[UpTiming.GUARD] = timing.reorder_guard
+        t[UpTiming.BACKOFF_AFTER] = timing.backoff_after
+
+    def set_parent(self, job: Job, ipv4: int, port: int) -> None:
+        """Make ``job`` a child switch's (docs/protocol.md §7): a slot completed
+        here sends its partial aggregate up to ``ipv4:port`` instead of its
+        result down, and the parent's result comes down through
+        :func:`swemu.core.kernels.uplink_batch`. The job's slots start fresh."""
+        if not 0 < port <= 0xFFFF or not 0 < ipv4 < (1 << 32):
+            raise ValueError(f"a parent at {int_to_ipv4(ipv4)}:{port} is not an address")
+        j = job.index
+        held = job.slots
+        times = np.zeros(held * len(UpTime), np.float64)
+        state = np.zeros((held, len(UpState)), np.int64)
+        state[:, UpState.SET] = -1
+        self._set_pool(j, (*self._pools[j][:4], times, state.reshape(-1)))
+        self.job_up_ip[j] = ipv4
+        self.job_up_port[j] = port
+        self.up_rtt[j] = 0.0
+        job.parent = (ipv4, port)
 
     def create_job(self, session_id: int, w: int, code: int, pool: int, now: float) -> Job:
         """Take a free job entry and give it a fresh pool of ``pool`` slots (no workers)."""
@@ -441,6 +504,8 @@ class SwitchEngine:
             used = {jb.broadcast_port for jb in self.jobs.values()} | set(self._recent_bcast)
             job.broadcast_holder, job.broadcast_port = self.broadcast_ports(used)
         self.job_bcast[j] = 0
+        self.job_up_ip[j] = 0
+        self.job_up_port[j] = 0
         self.jobs[session_id] = job
         self.generation += 1
         self._by_index[j] = job
@@ -455,6 +520,8 @@ class SwitchEngine:
         self._rebuild_addr_table()
         self._give_pool(j, 0, 0)
         self.job_bcast[j] = 0
+        self.job_up_ip[j] = 0
+        self.job_up_port[j] = 0
         if job.broadcast_holder is not None:
             job.broadcast_holder.close()
             job.broadcast_holder = None
@@ -550,12 +617,40 @@ class SwitchEngine:
     def receive_datagram(
         self, data: bytes, addr: tuple[int, int], now: float = 0.0
     ) -> tuple[Action, list[tuple[bytes, tuple[int, int]]]]:
-        """One packet in, ``(action, [(bytes, (ip, port)), ...])`` out (slow path)."""
+        """One packet in, ``(action, [(bytes, (ip, port)), ...])`` out (slow path):
+        results going down, and a child switch's partial aggregate going up."""
         batch = self._single
         batch.n = 0
         batch.add(data, addr[0], addr[1])
         self.process(batch, now)
-        return Action(int(batch.action[0])), batch.results()
+        return Action(int(batch.action[0])), batch.results() + batch.upward(self.state)
+
+    def receive_from_parent(
+        self, job: Job, data: bytes, now: float = 0.0
+    ) -> list[tuple[bytes, tuple[int, int]]]:
+        """One datagram from ``job``'s parent (slow path of
+        :func:`swemu.core.kernels.uplink_batch`): the results it sends down."""
+        batch = self._single
+        batch.n = 0
+        batch.add(data, *job.parent)
+        batch.n_dest = K.uplink_batch(batch.packets, 1, now, self.state, job.index)
+        return batch.results()
+
+    def uplink_due(self, job: Job, now: float) -> list[tuple[bytes, tuple[int, int]]]:
+        """What ``job``'s uplink timer sends now (slow path of
+        :func:`swemu.core.kernels.uplink_due`): held and resent partial aggregates."""
+        rows = np.zeros((16, packet_len(job.size_code)), np.uint8)
+        lens = np.zeros(16, np.int32)
+        out, first = [], 0
+        while True:
+            n, first = K.uplink_due(now, self.state, job.index, rows, lens, first)
+            out += [(rows[i, : lens[i]].tobytes(), job.parent) for i in range(n)]
+            if n < rows.shape[0]:
+                return out
+
+    def uplink_deadline(self, job: Job) -> float:
+        """When ``job``'s uplink timer next has work (inf: nothing up there)."""
+        return float(K.uplink_deadline(self.state, job.index))
 
     @property
     def _single(self) -> Batch:

@@ -25,6 +25,9 @@ from swemu.core.state import (
     GlobalCounter,
     JobCounter,
     PoolArray,
+    UpState,
+    UpTime,
+    UpTiming,
     WorkerCounter,
 )
 from swemu.protocol.header import (
@@ -39,10 +42,22 @@ from swemu.protocol.header import (
     write_header,
 )
 from swemu.protocol.jit import kernel
-from swemu.protocol.rawmem import bswap32, bytes_at, int8s_at, int32s_at, unowned, words_at
+from swemu.protocol.rawmem import (
+    bswap32,
+    bytes_at,
+    float64s_at,
+    int8s_at,
+    int32s_at,
+    int64s_at,
+    unowned,
+    words_at,
+)
 from swemu.protocol.wire import HEADER_LEN, MSG_TYPE
+from swemu.protocol.worker.kernels import backoff, rtt_sample, spurious, timeout
 
 NO_ADDRESSES = np.zeros(0, np.int64)  # process_batch's row_addr: datagrams are rows
+NT = len(UpTime)  # columns of a job's UP_TIMES array
+NS = len(UpState)  # and of its UP_STATE array
 
 
 @kernel
@@ -133,6 +148,7 @@ def process_batch(pk, n, now, sw, row_addr):
     job_counters, worker_counters, faults = sw.job_counters, sw.worker_counters, sw.faults
     job_workers = sw.job_workers
     n_dest = 0
+    n_up = 0
     sh_n = sw.shard_count
     sh_i = sw.shard_index
     # the arrays of the job of the previous packet, made once per change of job
@@ -216,6 +232,10 @@ def process_batch(pk, n, now, sw, row_addr):
             ex = int8s_at(pool_at[j, PoolArray.EXPS], 4 * pool)
             bm = words_at(pool_at[j, PoolArray.BITMAP], 2 * pool)
             cnt = int32s_at(pool_at[j, PoolArray.COUNT], 2 * pool)
+            up = sw.job_up_port[j] > 0  # a child switch's job: partial aggregates go up
+            held = pool if up else 0
+            up_t = float64s_at(pool_at[j, PoolArray.UP_TIMES], NT * held)
+            up_s = int64s_at(pool_at[j, PoolArray.UP_STATE], NS * held)
         me = np.uint32(1) << np.uint32(w)
         k = s * pool + local
         k_other = (1 - s) * pool + local
@@ -257,10 +277,13 @@ def process_batch(pk, n, now, sw, row_addr):
         if not retrans and not last:
             action[r] = Action.AGGREGATED
             continue
-        if retrans and cnt[k] != 0:
+        if retrans and (cnt[k] != 0 or (up and up_s[NS * local + UpState.SET] == s)):
+            # pending here, or the partial aggregate is up at the parent: the
+            # result will come (the uplink's timer resends toward the parent)
             action[r] = Action.RETRANSMIT_PENDING
             continue
         # build the result: header of the triggering packet, slot maxima and sums
+        # (a child switch's partial aggregate going up has the same form)
         plen = HEADER_LEN + 4 * nvals
         out_at = out_addr + r * out_stride
         write_header(
@@ -286,9 +309,16 @@ def process_batch(pk, n, now, sw, row_addr):
             job_counters[j, JobCounter.PKTS_OUT] += 1
             job_counters[j, JobCounter.BYTES_OUT] += plen
             continue
+        worker_counters[j, w, WorkerCounter.LAST] += 1
+        if up:
+            action[r] = Action.UPWARD
+            if _up_start(now, sw, j, up_t, up_s, local, s, read_tsi(row), row[1], rows.port[r]):
+                pk.up_row[n_up] = r
+                n_up += 1
+                job_counters[j, JobCounter.UP_SENT] += 1
+            continue
         action[r] = Action.MULTICAST
         job_counters[j, JobCounter.MULTICAST] += 1
-        worker_counters[j, w, WorkerCounter.LAST] += 1
         nw = job_workers[j]
         if sw.job_bcast[j] > 0 and not egress_faults(faults, j, nw):
             # every worker takes results at 127.255.255.255:port: one datagram
@@ -313,7 +343,237 @@ def process_batch(pk, n, now, sw, row_addr):
             n_dest += 1
             job_counters[j, JobCounter.PKTS_OUT] += 1
             job_counters[j, JobCounter.BYTES_OUT] += plen
+    pk.n_up[0] = n_up
     return n_dest
+
+
+@kernel(inline=True)
+def _up_start(now, sw, j, up_t, up_s, local, s, tsi, job_number, src_port):
+    """Slot ``local`` of job ``j`` completed set ``s`` here: its partial
+    aggregate goes up. Record what it is and start its timer (the worker's:
+    the learned timeout, :func:`swemu.protocol.worker.kernels.timeout`); return
+    True to send it now, False while the uplink's reorder guard holds it (its
+    timer sends it, :func:`uplink_due`)."""
+    st = NS * local
+    tm = NT * local
+    up_s[st + UpState.SET] = s
+    up_s[st + UpState.TSI] = tsi
+    up_s[st + UpState.JOB_NUMBER] = job_number
+    up_s[st + UpState.TRIES] = 0
+    up_s[st + UpState.SRC_PORT] = src_port
+    timing = sw.up_timing
+    rto0 = timeout(sw.up_rtt[j], timing[UpTiming.RTO_MIN], timing[UpTiming.RTO_MAX])
+    up_t[tm + UpTime.RTO] = rto0
+    if now < up_t[tm + UpTime.QUIET]:
+        up_s[st + UpState.HELD] = 1
+        up_t[tm + UpTime.DEADLINE] = up_t[tm + UpTime.QUIET]
+        return False
+    up_s[st + UpState.HELD] = 0
+    up_t[tm + UpTime.DEADLINE] = now + rto0
+    up_t[tm + UpTime.QUIET] = now + timing[UpTiming.GUARD]
+    return True
+
+
+@kernel
+def uplink_batch(pk, n, now, sw, j):
+    """A child switch's uplink (docs/protocol.md §7): rows ``0..n-1`` of the
+    batch ``pk`` are datagrams from job ``j``'s parent (the caller checked the
+    source). The parent's result of a slot's partial aggregate -- the same set,
+    ``tsi`` and ``job_number``, a well-formed packet of the job's size -- is
+    taken: its sums and exponents replace the partial ones in the slot (the
+    shadow copy that answers later retransmissions here), and the datagram
+    itself, unchanged, goes down to every local member as the slot's result
+    (row r of ``out_buf``, destinations as a multicast's). Anything else is
+    ignored and counted (``UP_IGNORED``); a duplicate result of the slot's
+    previous packet proves its last timeout spurious and raises the uplink's
+    timeout floor, as the worker's protocol does. Returns the destinations."""
+    rows = pk.rows
+    job_counters = sw.job_counters
+    pool_at = sw.pool_at
+    code = sw.job_code[j]
+    nvals = 32 << code
+    plen = HEADER_LEN + 4 * nvals
+    pool = sw.job_pool[j]
+    if sw.shard_count > 1:
+        pool = (pool - sw.shard_index + sw.shard_count - 1) // sw.shard_count
+    ex = int8s_at(pool_at[j, PoolArray.EXPS], 4 * pool)
+    vals_addr = pool_at[j, PoolArray.VALUES]
+    up_t = float64s_at(pool_at[j, PoolArray.UP_TIMES], NT * pool)
+    up_s = int64s_at(pool_at[j, PoolArray.UP_STATE], NS * pool)
+    rtt = sw.up_rtt[j]
+    timing = sw.up_timing
+    buf_addr = rows.buf.ctypes.data
+    buf_stride = rows.buf.strides[0]
+    out_addr = pk.out_buf.ctypes.data
+    out_stride = pk.out_buf.strides[0]
+    n_dest = 0
+    pk.n_up[0] = 0
+    for r in range(n):
+        pk.out_len[r] = 0
+        pk.out_job[r] = -1
+        at = buf_addr + r * buf_stride
+        row = bytes_at(at, HEADER_LEN)
+        if rows.lens[r] != plen or row[0] != (MSG_TYPE << 4 | code) or pool == 0:
+            job_counters[j, JobCounter.UP_IGNORED] += 1
+            continue
+        pi = read_pool_index(row)
+        s = pool_set(pi)
+        slot = pool_slot(pi)
+        if slot >= pool:
+            job_counters[j, JobCounter.UP_IGNORED] += 1
+            continue
+        st = NS * slot
+        tm = NT * slot
+        tsi = read_tsi(row)
+        if (
+            up_s[st + UpState.SET] != s
+            or up_s[st + UpState.HELD] != 0
+            or up_s[st + UpState.TSI] != tsi
+            or up_s[st + UpState.JOB_NUMBER] != row[1]
+        ):
+            if up_s[st + UpState.SET] != s and up_s[st + UpState.TSI] == tsi:
+                # the result of this slot's packet once more: a spurious timeout
+                rto0 = timeout(rtt, timing[UpTiming.RTO_MIN], timing[UpTiming.RTO_MAX])
+                spurious(rtt, now, rto0, timing[UpTiming.RTO_MAX])
+            job_counters[j, JobCounter.UP_IGNORED] += 1
+            continue
+        sw.job_last_seen[j] = now
+        if up_s[st + UpState.TRIES] == 0:  # Karn: no sample from a resent packet
+            sent = up_t[tm + UpTime.DEADLINE] - up_t[tm + UpTime.RTO]
+            rtt_sample(rtt, now - sent, timing[UpTiming.RTO_MIN], timing[UpTiming.RTO_MAX])
+        up_s[st + UpState.SET] = -1
+        k = s * pool + slot
+        write_words(words_at(vals_addr + 4 * k * nvals, nvals), words_at(at + HEADER_LEN, nvals))
+        ex[2 * k] = read_e0(row)
+        ex[2 * k + 1] = read_e1(row)
+        job_counters[j, JobCounter.UP_RESULTS] += 1
+        job_counters[j, JobCounter.MULTICAST] += 1
+        # the parent's datagram is the result, byte for byte: it goes down as it came
+        out = bytes_at(out_addr + r * out_stride, plen)
+        src = bytes_at(at, plen)
+        for b in range(plen):
+            out[b] = src[b]
+        pk.out_len[r] = plen
+        pk.out_job[r] = j
+        pk.action[r] = Action.MULTICAST
+        n_dest = _down(pk, sw, j, r, plen, up_s[st + UpState.SRC_PORT], n_dest)
+    return n_dest
+
+
+@kernel(inline=True)
+def _down(pk, sw, j, r, plen, src_port, n_dest):
+    """Destinations of row r's result for every local member of job ``j``
+    (once, to 127.255.255.255, under loopback broadcast); a member known by IP
+    alone gets it on ``src_port``. Returns the new destination count."""
+    job_counters = sw.job_counters
+    nw = sw.job_workers[j]
+    if sw.job_bcast[j] > 0 and not egress_faults(sw.faults, j, nw):
+        pk.dest_row[n_dest] = r
+        pk.dest_ip[n_dest] = BROADCAST_IP
+        pk.dest_port[n_dest] = sw.job_bcast[j]
+        pk.dest_worker[n_dest] = 0
+        job_counters[j, JobCounter.PKTS_OUT] += nw
+        job_counters[j, JobCounter.BYTES_OUT] += plen * nw
+        job_counters[j, JobCounter.BROADCAST] += 1
+        return n_dest + 1
+    for d in range(nw):
+        p = sw.dst_port[j, d]
+        if p < 0:
+            continue
+        pk.dest_row[n_dest] = r
+        pk.dest_ip[n_dest] = sw.dst_ip[j, d]
+        pk.dest_port[n_dest] = p if p > 0 else src_port
+        pk.dest_worker[n_dest] = d
+        n_dest += 1
+        job_counters[j, JobCounter.PKTS_OUT] += 1
+        job_counters[j, JobCounter.BYTES_OUT] += plen
+    return n_dest
+
+
+@kernel
+def uplink_due(now, sw, j, out_buf, out_len, first):
+    """A child switch's uplink timer for job ``j`` (the worker's rules,
+    ``swemu.protocol.worker.kernels``): from slot ``first`` on, build into the
+    rows of ``out_buf`` (``out_len`` bytes each) the upward packets whose time
+    has come -- a held first transmission whose reorder guard is over, or a
+    partial aggregate the parent has not answered within its timeout, resent as
+    it was (backing off after every ``BACKOFF_AFTER`` timeouts in a row).
+    Returns ``(count, next slot to look at)``: the rows are full when count is
+    ``out_buf.shape[0]``, and the next call goes on from that slot."""
+    pool_at = sw.pool_at
+    code = sw.job_code[j]
+    nvals = 32 << code
+    plen = HEADER_LEN + 4 * nvals
+    pool = sw.job_pool[j]
+    if sw.shard_count > 1:
+        pool = (pool - sw.shard_index + sw.shard_count - 1) // sw.shard_count
+    ex = int8s_at(pool_at[j, PoolArray.EXPS], 4 * pool)
+    vals_addr = pool_at[j, PoolArray.VALUES]
+    up_t = float64s_at(pool_at[j, PoolArray.UP_TIMES], NT * pool)
+    up_s = int64s_at(pool_at[j, PoolArray.UP_STATE], NS * pool)
+    timing = sw.up_timing
+    guard = timing[UpTiming.GUARD]
+    count = 0
+    cap = out_buf.shape[0]
+    out_addr = out_buf.ctypes.data
+    out_stride = out_buf.strides[0]
+    slot = first
+    while slot < pool and count < cap:
+        st = NS * slot
+        tm = NT * slot
+        s = up_s[st + UpState.SET]
+        if s < 0 or up_t[tm + UpTime.DEADLINE] > now:
+            slot += 1
+            continue
+        if up_s[st + UpState.HELD] != 0:  # the guard is over: its first transmission
+            up_s[st + UpState.HELD] = 0
+            sw.job_counters[j, JobCounter.UP_SENT] += 1
+        else:
+            tries = up_s[st + UpState.TRIES] + 1
+            up_s[st + UpState.TRIES] = tries
+            up_t[tm + UpTime.RTO] = backoff(
+                tries,
+                up_t[tm + UpTime.RTO],
+                np.int64(timing[UpTiming.BACKOFF_AFTER]),
+                timing[UpTiming.RTO_MAX],
+            )
+            sw.job_counters[j, JobCounter.UP_RETRANSMISSIONS] += 1
+        up_t[tm + UpTime.DEADLINE] = now + up_t[tm + UpTime.RTO]
+        up_t[tm + UpTime.QUIET] = now + guard
+        k = s * pool + slot
+        out_at = out_addr + count * out_stride
+        write_header(
+            bytes_at(out_at, HEADER_LEN),
+            code,
+            up_s[st + UpState.JOB_NUMBER],
+            up_s[st + UpState.TSI],
+            s,
+            slot,
+            ex[2 * k],
+            ex[2 * k + 1],
+        )
+        write_words(
+            words_at(out_at + HEADER_LEN, nvals), words_at(vals_addr + 4 * k * nvals, nvals)
+        )
+        out_len[count] = plen
+        count += 1
+        slot += 1
+    return count, slot
+
+
+@kernel
+def uplink_deadline(sw, j):
+    """The earliest time :func:`uplink_due` has work for job ``j`` (inf: none)."""
+    pool = sw.job_pool[j]
+    if sw.shard_count > 1:
+        pool = (pool - sw.shard_index + sw.shard_count - 1) // sw.shard_count
+    up_t = float64s_at(sw.pool_at[j, PoolArray.UP_TIMES], NT * pool)
+    up_s = int64s_at(sw.pool_at[j, PoolArray.UP_STATE], NS * pool)
+    t = np.inf
+    for slot in range(pool):
+        if up_s[NS * slot + UpState.SET] >= 0 and up_t[NT * slot + UpTime.DEADLINE] < t:
+            t = up_t[NT * slot + UpTime.DEADLINE]
+    return t
 
 
 @kernel

@@ -34,6 +34,10 @@ class RefJob:
     pool_size: int
     workers: dict[int, tuple[int, int]] = field(default_factory=dict)  # rank -> (ip, port)
     slots: dict[tuple[int, int], _Slot] = field(default_factory=dict)  # (set, slot)
+    # a child switch's job (docs/protocol.md §7): where partial aggregates go up, and
+    # per slot the one up there: (set, tsi, job_number, source port of its last packet)
+    parent: tuple[int, int] | None = None
+    up: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)
 
 
 def _wrap32(x: int) -> int:
@@ -124,7 +128,10 @@ class ReferenceSwitch:
 
         if not retransmission and not last:
             return Action.AGGREGATED, []
-        if retransmission and here.count != 0:
+        pending_up = job.up.get(pkt.slot)
+        if retransmission and (
+            here.count != 0 or (pending_up is not None and pending_up[0] == pkt.set)
+        ):
             return Action.RETRANSMIT_PENDING, []
         result = wire.encode(
             size_code=job.size_code,
@@ -138,9 +145,40 @@ class ReferenceSwitch:
         )
         if retransmission:
             return Action.UNICAST, [(result, src)]
+        if job.parent is not None:  # the partial aggregate goes up (no reorder guard here)
+            job.up[pkt.slot] = (pkt.set, pkt.tsi, pkt.job_number, src[1])
+            return Action.UPWARD, [(result, job.parent)]
         out = []
         for rank in range(job.num_workers):
             addr = job.workers.get(rank)
             if addr is not None:
                 out.append((result, (addr[0], addr[1] or src[1])))
         return Action.MULTICAST, out
+
+    def receive_from_parent(
+        self, session_id: int, data: bytes
+    ) -> list[tuple[bytes, tuple[int, int]]]:
+        """A datagram from a child switch's parent: the result of a slot's partial
+        aggregate (same set, tsi and job number) replaces the slot's sums and
+        goes down, byte for byte, to every member; anything else is ignored."""
+        job = self.jobs[session_id]
+        try:
+            pkt = wire.decode(data)
+        except wire.PacketError:
+            return []
+        up = job.up.get(pkt.slot)
+        if (
+            pkt.size_code != job.size_code
+            or up is None
+            or (up[0], up[1], up[2]) != (pkt.set, pkt.tsi, pkt.job_number)
+        ):
+            return []
+        del job.up[pkt.slot]
+        here = job.slots[(pkt.set, pkt.slot)]
+        here.values = [int(v) for v in pkt.values]
+        here.e0, here.e1 = pkt.e0, pkt.e1
+        return [
+            (bytes(data), (addr[0], addr[1] or up[3]))
+            for rank in range(job.num_workers)
+            if (addr := job.workers.get(rank)) is not None
+        ]

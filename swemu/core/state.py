@@ -41,6 +41,10 @@ class Action(IntEnum):
     UNICAST = 7  # retransmission, slot complete: result to that worker only
     INJECTED_LOSS = 8  # dropped by fault injection on the way in (never reached the switch)
     DROP_WRONG_SHARD = 9  # sharded emulator: the slot belongs to another data-plane process
+    # a child switch of a fabric (docs/protocol.md §7): the contribution completed the
+    # slot here, and its partial aggregate goes up to the parent (or waits to, while
+    # the uplink's reorder guard holds it) instead of the result going down
+    UPWARD = 10
 
 
 class JobCounter(IntEnum):
@@ -59,6 +63,13 @@ class JobCounter(IntEnum):
     DROP_SLOT_RANGE = 10
     DROP_WRONG_SHARD = 11
     BROADCAST = 12  # multicasts sent once to 127.255.255.255 (loopback broadcast)
+    # a child switch's uplink (docs/protocol.md §7): partial aggregates sent up (first
+    # transmissions), their retransmissions, the parent's results taken (and sent down
+    # to the local members), and datagrams from the parent ignored (duplicates, stale)
+    UP_SENT = 13
+    UP_RETRANSMISSIONS = 14
+    UP_RESULTS = 15
+    UP_IGNORED = 16
 
 
 class WorkerCounter(IntEnum):
@@ -119,6 +130,39 @@ class PoolArray(IntEnum):
     EXPS = 1  # int8[2 * P * 2]: the two exponents of (set, slot)
     BITMAP = 2  # uint32[2 * P]: the ranks that contributed to (set, slot)
     COUNT = 3  # int32[2 * P]: contributions (set, slot) still waits for
+    # a job with an uplink (a child switch's, docs/protocol.md §7), else empty:
+    UP_TIMES = 4  # float64[P, UpTime]: each slot's upward packet's timer
+    UP_STATE = 5  # int64[P, UpState]: and what it is
+
+
+class UpTime(IntEnum):
+    """Columns of a job's ``UP_TIMES`` array: a slot's upward packet as the
+    worker's protocol times its packets (``swemu.protocol.worker.kernels``)."""
+
+    DEADLINE = 0  # when it is resent (or first sent, while held)
+    RTO = 1  # its timeout
+    QUIET = 2  # the slot's last upward transmission + the reorder guard
+
+
+class UpState(IntEnum):
+    """Columns of a job's ``UP_STATE`` array, per slot."""
+
+    SET = 0  # the set whose partial aggregate is up at the parent (-1: none)
+    TSI = 1  # the header fields of the packet that completed it here, which
+    JOB_NUMBER = 2  # the upward packet and the parent's result carry
+    TRIES = 3  # retransmissions of the upward packet
+    HELD = 4  # 1 while the reorder guard holds its first transmission
+    SRC_PORT = 5  # source port of the completing packet (results to IP-only members go there)
+
+
+class UpTiming(IntEnum):
+    """Entries of ``SwitchState.up_timing``: a child switch's retransmission
+    timer toward its parent, the worker's (``swemu.protocol.worker.protocol.Timing``)."""
+
+    RTO_MIN = 0
+    RTO_MAX = 1
+    GUARD = 2
+    BACKOFF_AFTER = 3
 
 
 #: ``SwitchState.job_bcast``'s destination address: 127.255.255.255, lo's broadcast
@@ -163,6 +207,15 @@ class SwitchState(NamedTuple):
     shard_count: int
     #: this one's index i: it holds the slots s with ``s % S == i``, at local index ``s // S``
     shard_index: int
+    #: uint32[J]: a child switch's parent for the job (docs/protocol.md §7), where the
+    #: partial aggregates go up (0: no uplink, the job's results go down)
+    job_up_ip: np.ndarray
+    #: int32[J]: the parent's data port (0: no uplink)
+    job_up_port: np.ndarray
+    #: float64[J, Rtt]: the uplink's learned timer (swemu.protocol.worker.kernels.Rtt)
+    up_rtt: np.ndarray
+    #: float64[UpTiming]: the uplink's timer settings
+    up_timing: np.ndarray
 
 
 class Packets(NamedTuple):
@@ -171,7 +224,9 @@ class Packets(NamedTuple):
     ``out_len[r]`` bytes, 0: none; for job entry ``out_job[r]``) and a list of
     destinations, one entry per copy to send (a multicast has one per rank):
     ``dest_row[k]`` (the result's row), ``dest_ip[k]``, ``dest_port[k]``,
-    ``dest_worker[k]`` (the rank, for the faults on the way out)."""
+    ``dest_worker[k]`` (the rank, for the faults on the way out). A child
+    switch's partial aggregates going up are the rows ``up_row[:n_up[0]]`` of
+    ``out_buf`` (to their job's parent, ``SwitchState.job_up_ip``/``job_up_port``)."""
 
     rows: Rows
     action: np.ndarray
@@ -182,6 +237,8 @@ class Packets(NamedTuple):
     dest_ip: np.ndarray
     dest_port: np.ndarray
     dest_worker: np.ndarray
+    up_row: np.ndarray
+    n_up: np.ndarray
 
 
 def counter_names(columns: type[IntEnum]) -> tuple[str, ...]:

@@ -90,6 +90,18 @@ def int32s_at(addr, n):
     return _vector_at(addr, n, np.int32)
 
 
+@kernel(inline=True)
+def int64s_at(addr, n):
+    """``n`` int64 at address ``addr``, as an array that does not own or count its memory."""
+    return _vector_at(addr, n, np.int64)
+
+
+@kernel(inline=True)
+def float64s_at(addr, n):
+    """``n`` float64 at address ``addr``, as an array that does not own or count its memory."""
+    return _vector_at(addr, n, np.float64)
+
+
 def unowned(a):
     """The same array as ``a`` (shape, dtype, memory), without its owner: passed
     to or inlined into per-packet helpers, it costs no reference counting

@@ -214,7 +214,7 @@ def _streamed_part(o, src, inv, is_float, on):
 
 
 @kernel
-def _timeout(rtt, rto_min, rto_max):
+def timeout(rtt, rto_min, rto_max):
     """A new packet's timeout: ``srtt + 4 rttvar`` (RFC 6298) within
     ``[floor, rto_max]``; the floor is ``rto_min`` unless spurious timeouts
     raised it. Before the first sample, the floor itself."""
@@ -225,7 +225,7 @@ def _timeout(rtt, rto_min, rto_max):
 
 
 @kernel
-def _spurious(rtt, now, rto0, rto_max):
+def spurious(rtt, now, rto0, rto_max):
     """A duplicate result came in: the switch answered a retransmission of a
     packet whose result had arrived, so the timer fired although nothing was
     lost (TCP's D-SACK signal, RFC 3708). On a link whose queue holds about a
@@ -236,6 +236,33 @@ def _spurious(rtt, now, rto0, rto_max):
     if now - rtt[Rtt.RAISED] >= rto0:
         rtt[Rtt.FLOOR] = min(2.0 * rto0, rto_max)
         rtt[Rtt.RAISED] = now
+
+
+@kernel(inline=True)
+def rtt_sample(rtt, sample, rto_min, rto_max):
+    """Take one round-trip time ``sample`` into the timer's state ``rtt``
+    (RFC 6298 smoothing; a raised floor decays a little), and return the new
+    packets' timeout (:func:`timeout`). A child switch's uplink calls it too."""
+    if rtt[Rtt.SAMPLES] == 0:
+        rtt[Rtt.SRTT] = sample
+        rtt[Rtt.VAR] = sample / 2
+    else:
+        rtt[Rtt.VAR] = 0.75 * rtt[Rtt.VAR] + 0.25 * abs(rtt[Rtt.SRTT] - sample)
+        rtt[Rtt.SRTT] = 0.875 * rtt[Rtt.SRTT] + 0.125 * sample
+    rtt[Rtt.SAMPLES] += 1
+    if rtt[Rtt.FLOOR] > rto_min:
+        rtt[Rtt.FLOOR] -= (rtt[Rtt.FLOOR] - rto_min) * FLOOR_DECAY
+    return timeout(rtt, rto_min, rto_max)
+
+
+@kernel(inline=True)
+def backoff(tries, rto, backoff_after, rto_max):
+    """A packet timed out for the ``tries``-th time in a row: its timeout
+    doubles, up to ``rto_max``, after every ``backoff_after`` of them
+    (p4app-switchML doubles after 100). Returns the new timeout."""
+    if tries % backoff_after == 0:
+        return min(rto * 2.0, rto_max)
+    return rto
 
 
 @kernel(inline=True)
@@ -270,8 +297,8 @@ def start(now, ws):
     :class:`WorkerState`); return how many to send now (the first of
     ``ws.send``; slots still quiet after their last transmission wait for the
     timer). The first packets' timeout is the one learned so far
-    (:func:`_timeout`)."""
-    rto0 = _timeout(ws.rtt, ws.rto_min, ws.rto_max)
+    (:func:`timeout`)."""
+    rto0 = timeout(ws.rtt, ws.rto_min, ws.rto_max)
     nslots = ws.nslots
     used = min(nslots, ws.nchunks)
     n_send = 0
@@ -337,14 +364,14 @@ def on_results(addrs, lens, ok, n, now, ws):
     ``ok[r]`` is 0 for datagrams that did not come from the switch. Returns the
     number of slots in ``ws.send`` whose (new) packet must be sent. A new
     packet's timeout is ``srtt + 4 rttvar`` within ``[floor, rto_max]``
-    (:func:`_timeout`, ``ws.rtt``), so a loaded machine or a long link queue
+    (:func:`timeout`, ``ws.rtt``), so a loaded machine or a long link queue
     does not turn slow results into a retransmission storm; duplicate results
-    raise the floor (:func:`_spurious`)."""
+    raise the floor (:func:`spurious`)."""
     rtt, counters, chunk = ws.rtt, ws.counters, ws.chunk
     nvals, nslots, is_float = ws.nvals, ws.nslots, ws.is_float
     n_send = 0
     plen = HEADER_LEN + 4 * nvals
-    rto0 = _timeout(rtt, ws.rto_min, ws.rto_max)
+    rto0 = timeout(rtt, ws.rto_min, ws.rto_max)
     n_total = ws.of.shape[0] if is_float else ws.oi.shape[0]
     streaming = 4 * n_total >= stream.MIN_BYTES  # a large output: streaming stores
     streamed = False
@@ -368,7 +395,7 @@ def on_results(addrs, lens, ok, n, now, ws):
             # the result of the slot's previous packet once more?
             if c >= 0 and st != ws.cur_set[s] and tsi == _previous(s, c, nslots, is_float):
                 counters[Counter.SPURIOUS] += 1
-                _spurious(rtt, now, rto0, ws.rto_max)
+                spurious(rtt, now, rto0, ws.rto_max)
             counters[Counter.IGNORED] += 1
             continue
         expect = EXP_TSI_BASE + s if c == -1 else c
@@ -378,19 +405,8 @@ def on_results(addrs, lens, ok, n, now, ws):
         e0 = read_e0(row)
         counters[Counter.RESULTS] += 1
         ws.rounds[s] += 1
-        if ws.tries[s] == 0:
-            # RTT sample (Karn: never from a retransmitted packet), RFC 6298 smoothing
-            sample = now - (ws.deadline[s] - ws.rto[s])
-            if rtt[Rtt.SAMPLES] == 0:
-                rtt[Rtt.SRTT] = sample
-                rtt[Rtt.VAR] = sample / 2
-            else:
-                rtt[Rtt.VAR] = 0.75 * rtt[Rtt.VAR] + 0.25 * abs(rtt[Rtt.SRTT] - sample)
-                rtt[Rtt.SRTT] = 0.875 * rtt[Rtt.SRTT] + 0.125 * sample
-            rtt[Rtt.SAMPLES] += 1
-            if rtt[Rtt.FLOOR] > ws.rto_min:
-                rtt[Rtt.FLOOR] -= (rtt[Rtt.FLOOR] - ws.rto_min) * FLOOR_DECAY
-            rto0 = _timeout(rtt, ws.rto_min, ws.rto_max)
+        if ws.tries[s] == 0:  # Karn: never a sample from a retransmitted packet
+            rto0 = rtt_sample(rtt, now - (ws.deadline[s] - ws.rto[s]), ws.rto_min, ws.rto_max)
         if c == -1:
             ws.shared_exp[s] = e0
         else:
@@ -451,7 +467,7 @@ def apply_result(s, e0, values_i, values_f, now, ws):
             o = ws.oi[lo : lo + values_i.shape[0]]
             for i in range(values_i.shape[0]):
                 o[i] = values_i[i]
-    rto0 = _timeout(ws.rtt, ws.rto_min, ws.rto_max)
+    rto0 = timeout(ws.rtt, ws.rto_min, ws.rto_max)
     if _advance(s, now, ws, rto0):
         return _send_or_wait(s, now, ws, 0)
     return 0
@@ -471,8 +487,7 @@ def on_timer(now, ws, backoff_after):
             ws.waiting[s] = 0
         else:
             tries[s] += 1
-            if tries[s] % backoff_after == 0:
-                rto[s] = min(rto[s] * 2.0, ws.rto_max)
+            rto[s] = backoff(tries[s], rto[s], backoff_after, ws.rto_max)
             ws.counters[Counter.RETRANSMISSIONS] += 1
         deadline[s] = now + rto[s]
         ws.quiet[s] = now + ws.guard
