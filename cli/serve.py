@@ -151,6 +151,20 @@ def _pcap_size(ctx, param, value):
     "sent to the triggering packet's source port, as p4app-switchML's switch does.",
 )
 @click.option(
+    "--parent",
+    default=None,
+    metavar="HOST:PORT",
+    help="Be a child of the switch whose control plane is there (a fabric, "
+    "docs/protocol.md §7): jobs whose workers are spread over several switches send "
+    "their partial aggregates up. Workers use this switch as any other.",
+)
+@click.option(
+    "--always-up",
+    is_flag=True,
+    help="With --parent: send every job up, even one whose workers are all here "
+    "(to study multi-level aggregation; by default such a job is served here alone).",
+)
+@click.option(
     "--gso/--no-gso",
     default=True,
     show_default=True,
@@ -267,6 +281,8 @@ def serve(
     advertise_ip,
     advertise_mac,
     identify_by,
+    parent,
+    always_up,
     gso,
     log_level,
     metrics_port,
@@ -300,6 +316,22 @@ def serve(
             raise click.BadParameter(str(exc), param_hint="'--shards'") from None
         if pcap is not None:
             raise click.BadParameter("needs --shards 1 (one data plane)", param_hint="'--pcap'")
+        if parent is not None:
+            raise click.BadParameter("needs --shards 1 (one data plane)", param_hint="'--parent'")
+    if parent is not None:
+        from swemu.protocol.netutil import parse_address
+
+        try:
+            parent_host, parent_port = parse_address(parent, 0)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--parent'") from None
+        if not parent_host or not 0 < parent_port <= 0xFFFF:
+            raise click.BadParameter(
+                f"{parent!r} is not HOST:PORT of the parent's control plane",
+                param_hint="'--parent'",
+            )
+    elif always_up:
+        raise click.BadParameter("needs --parent (a child switch)", param_hint="'--always-up'")
 
     from swemu.core.engine import EngineConfig
     from swemu.core.faults import FaultConfig
@@ -368,6 +400,8 @@ def serve(
         else:
             emu = Emulator(
                 **common,
+                parent=parent,
+                always_up=always_up,
                 gso=None if gso else False,  # None: on unless SWEMU_GSO=0
                 pcap=pcap,
                 pcap_max_packets=pcap_max_packets,

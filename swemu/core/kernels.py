@@ -377,10 +377,10 @@ def _up_start(now, sw, j, up_t, up_s, local, s, tsi, job_number, src_port):
 @kernel
 def uplink_batch(pk, n, now, sw, j):
     """A child switch's uplink (docs/protocol.md §7): rows ``0..n-1`` of the
-    batch ``pk`` are datagrams from job ``j``'s parent (the caller checked the
-    source). The parent's result of a slot's partial aggregate -- the same set,
-    ``tsi`` and ``job_number``, a well-formed packet of the job's size -- is
-    taken: its sums and exponents replace the partial ones in the slot (the
+    batch ``pk`` are datagrams that came to job ``j``'s uplink socket. The
+    parent's (from ``job_up_ip[j]:job_up_port[j]``) result of a slot's partial
+    aggregate -- the same set, ``tsi`` and ``job_number``, a well-formed packet
+    of the job's size -- is taken: its sums and exponents replace the partial ones in the slot (the
     shadow copy that answers later retransmissions here), and the datagram
     itself, unchanged, goes down to every local member as the slot's result
     (row r of ``out_buf``, destinations as a multicast's). Anything else is
@@ -413,7 +413,13 @@ def uplink_batch(pk, n, now, sw, j):
         pk.out_job[r] = -1
         at = buf_addr + r * buf_stride
         row = bytes_at(at, HEADER_LEN)
-        if rows.lens[r] != plen or row[0] != (MSG_TYPE << 4 | code) or pool == 0:
+        if (
+            rows.ip[r] != sw.job_up_ip[j]
+            or rows.port[r] != sw.job_up_port[j]
+            or rows.lens[r] != plen
+            or row[0] != (MSG_TYPE << 4 | code)
+            or pool == 0
+        ):
             job_counters[j, JobCounter.UP_IGNORED] += 1
             continue
         pi = read_pool_index(row)

@@ -29,11 +29,12 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from swemu.core.controller import RegistrationError, Session, SessionController
+from swemu.core.fabric import FabricError
 from swemu.protocol.proto import CONTROL_MESSAGE_BYTES
 from swemu.protocol.proto import switchml_pb2 as pb
 from swemu.protocol.proto import switchml_pb2_grpc as pb_grpc
@@ -48,7 +49,7 @@ log = logging.getLogger("swemu.control")
 IDENTITY_MODES = ("ip-port", "ip")
 
 
-def _peer_ipv4(context: grpc.aio.ServicerContext) -> int:
+def peer_ipv4(context: grpc.aio.ServicerContext) -> int:
     """The IPv4 address of a gRPC peer (``ipv4:1.2.3.4:5``), or 0 if not IPv4."""
     peer = context.peer() or ""
     if peer.startswith("ipv4:"):
@@ -125,6 +126,7 @@ class SessionService(pb_grpc.SessionServicer):
         self.instance = instance if instance is not None else random.getrandbits(63) | 1
         self.flush = flush
         self._resumes: dict[int, dict[int, _Resumer]] = {}  # session -> rank -> waiting
+        self.fabric: Any = None
 
     def _emulator_info(self) -> pb.EmulatorInfo | None:
         """UdpSessionResponse field 10: set only when the target is software."""
@@ -154,7 +156,13 @@ class SessionService(pb_grpc.SessionServicer):
         """A rank is done with its job; the job is freed once all its ranks are
         (:meth:`SessionController.release_rank`). Unknown sessions are not an
         error: the job may already have been freed some other way."""
-        ipv4 = request.ipv4 or _peer_ipv4(context)
+        ipv4 = request.ipv4 or peer_ipv4(context)
+        if self.fabric is not None and self.fabric.active:
+            up = pb.ReleaseRequest()
+            up.CopyFrom(request)
+            up.ipv4 = ipv4
+            up.udp_port = request.udp_port if self.by_port else 0
+            return await self._fabric_call(context, self.fabric.release(up), "Release", request)
         try:
             found, freed, remaining = self.controller.release_rank(
                 request.session_id, request.rank, ipv4, request.udp_port
@@ -177,7 +185,7 @@ class SessionService(pb_grpc.SessionServicer):
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE, "the controller has no switch address configured"
             )
-        ipv4 = request.ipv4 or _peer_ipv4(context)
+        ipv4 = request.ipv4 or peer_ipv4(context)
         udp_port = request.udp_port if self.by_port else 0
         broadcast = request.loopback_broadcast and self.by_port
         if not self.by_port:
@@ -191,6 +199,8 @@ class SessionService(pb_grpc.SessionServicer):
                     f"rank {owner[1]}'s: a switch that identifies workers by IP alone "
                     "needs one IP per worker",
                 )
+        if self.fabric is not None and self.fabric.active:
+            return await self._fabric_register(request, ipv4, udp_port, context)
         try:
             session = self.controller.register(
                 session_id=request.session_id,
@@ -234,20 +244,63 @@ class SessionService(pb_grpc.SessionServicer):
             self.on_register(params.session_id, request.rank)
         return self._registered(session, broadcast)
 
-    def _registered(self, session: Session, broadcast: bool) -> pb.UdpSessionResponse:
-        """What UdpSession (and Resume) answer a registered rank."""
+    async def _fabric_register(
+        self,
+        request: pb.UdpSessionRequest,
+        ipv4: int,
+        udp_port: int,
+        context: grpc.aio.ServicerContext,
+    ) -> pb.UdpSessionResponse:
+        """UdpSession of a fabric's switch: the registration goes up to the root,
+        which applies the session rules for the whole job (docs/protocol.md §7);
+        the worker is answered with this switch's address (it sends here). No
+        loopback broadcast for a fabric's jobs."""
+        reg = pb.UdpSessionRequest()
+        reg.CopyFrom(request)
+        reg.ipv4, reg.udp_port, reg.loopback_broadcast = ipv4, udp_port, False
+        epoch = await self._fabric_call(context, self.fabric.join(reg), "UdpSession", request)
+        log.info(
+            "session %d: rank %d/%d at %s:%d registered through the fabric",
+            request.session_id,
+            request.rank,
+            request.num_workers,
+            ipaddress.IPv4Address(ipv4),
+            udp_port,
+        )
+        return self._answer(request.session_id, epoch)
+
+    async def _fabric_call(self, context, coro, what: str, request) -> Any:
+        """Await a fabric call; its refusals and failures become gRPC statuses."""
+        try:
+            return await coro
+        except RegistrationError as exc:
+            log.info("refused %s (session %d): %s", what, request.session_id, exc.message)
+            await context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
+        except FabricError as exc:
+            log.info("%s (session %d) failed in the fabric: %s", what, request.session_id, exc)
+            await context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
+        raise AssertionError("unreachable")  # abort raises
+
+    def _answer(
+        self, session_id: int, epoch: int, broadcast_port: int = 0
+    ) -> pb.UdpSessionResponse:
         switch = self.controller.switch
         return pb.UdpSessionResponse(
-            session_id=session.session_id,
+            session_id=session_id,
             mac=switch.mac,
             ipv4=switch.ipv4,
             data_ports=list(switch.data_ports),
-            broadcast_port=self.controller.broadcast_port(session) if broadcast else 0,
+            broadcast_port=broadcast_port,
             emulator=self._emulator_info(),
             worker_identity=self.identity,
             instance=self.instance,
-            epoch=session.epoch,
+            epoch=epoch,
         )
+
+    def _registered(self, session: Session, broadcast: bool) -> pb.UdpSessionResponse:
+        """What UdpSession (and Resume) answer a registered rank."""
+        port = self.controller.broadcast_port(session) if broadcast else 0
+        return self._answer(session.session_id, session.epoch, port)
 
     async def Status(
         self, request: pb.StatusRequest, context: grpc.aio.ServicerContext
@@ -256,6 +309,9 @@ class SessionService(pb_grpc.SessionServicer):
         session (with this rank registered) and at which epoch. A worker whose
         results stopped coming asks it to tell a restarted or rebuilt switch
         (resume) from a slow peer (wait)."""
+        if self.fabric is not None and self.fabric.active:
+            known, epoch = self.fabric.status(request.session_id, request.rank)
+            return pb.StatusResponse(instance=self.instance, known=known, epoch=epoch)
         session = self.controller.sessions.get(request.session_id)
         known = session is not None and request.rank in session.workers
         return pb.StatusResponse(
@@ -281,10 +337,22 @@ class SessionService(pb_grpc.SessionServicer):
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE, "the controller has no switch address configured"
             )
+        if self.fabric is not None and self.fabric.active:
+            report = pb.ResumeRequest()
+            report.CopyFrom(request)
+            r = report.registration
+            r.ipv4 = r.ipv4 or peer_ipv4(context)
+            r.udp_port = r.udp_port if self.by_port else 0
+            r.loopback_broadcast = False
+            resp = await self._fabric_call(context, self.fabric.resume(report), "Resume", reg)
+            answer = pb.ResumeResponse()
+            answer.CopyFrom(resp)
+            answer.registration.CopyFrom(self._answer(reg.session_id, resp.registration.epoch))
+            return answer
         waiting = self._resumes.setdefault(reg.session_id, {})
         me = _Resumer(
             request=request,
-            ipv4=reg.ipv4 or _peer_ipv4(context),
+            ipv4=reg.ipv4 or peer_ipv4(context),
             done=asyncio.get_running_loop().create_future(),
         )
         earlier = waiting.get(reg.rank)
@@ -419,6 +487,9 @@ class SyncService(pb_grpc.SyncServicer):
     """Barrier and Broadcast, global as in p4app-switchML or scoped by session_id."""
 
     def __init__(self) -> None:
+        #: a fabric's child switch (swemu.serving.fabric.FabricNode with a parent):
+        #: rendezvous meet at the root, where every rank of a job can come
+        self.fabric: Any = None
         self._barriers: dict[int, list[_Round]] = {}
         self._broadcasts: dict[int, list[_Round]] = {}
         self._barrier_seq = 0
@@ -466,6 +537,8 @@ class SyncService(pb_grpc.SyncServicer):
         self, request: pb.BarrierRequest, context: grpc.aio.ServicerContext
     ) -> pb.BarrierResponse:
         await self._refuse_if_closing(context)
+        if self.fabric is not None and self.fabric.parent is not None:
+            return await self._up(context, self.fabric.barrier(request))
         if request.num_workers == 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "num_workers must be positive")
         rounds = self._barriers.setdefault(request.session_id, [])
@@ -482,6 +555,8 @@ class SyncService(pb_grpc.SyncServicer):
         self, request: pb.BroadcastRequest, context: grpc.aio.ServicerContext
     ) -> pb.BroadcastResponse:
         await self._refuse_if_closing(context)
+        if self.fabric is not None and self.fabric.parent is not None:
+            return await self._up(context, self.fabric.broadcast(request))
         if request.num_workers == 0 or request.rank >= request.num_workers:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -500,6 +575,14 @@ class SyncService(pb_grpc.SyncServicer):
             rounds.remove(rnd)  # everyone has arrived: the next call starts a new round
         value = await self._wait(rnd, rounds, request.rank, context)
         return pb.BroadcastResponse(value=value)
+
+    async def _up(self, context: grpc.aio.ServicerContext, coro: Any) -> Any:
+        """A rendezvous forwarded to the parent switch."""
+        try:
+            return await coro
+        except FabricError as exc:
+            await context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
+        raise AssertionError("unreachable")  # abort raises
 
     def cancel_all(self, why: str) -> None:
         """Fail every waiting call, and every later one, with UNAVAILABLE saying

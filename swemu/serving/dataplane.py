@@ -16,6 +16,7 @@ The compiled loops it runs (``recvmmsg`` -> the switch -> ``sendmmsg``) are
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import ipaddress
 import os
@@ -26,7 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from swemu.core import faults as faults_mod
-from swemu.core.engine import Batch, EngineConfig, SwitchEngine
+from swemu.core import kernels as switch_kernels
+from swemu.core.engine import Batch, EngineConfig, Job, SwitchEngine
 from swemu.core.faults import DelayQueue
 from swemu.core.state import FaultFlag
 from swemu.protocol import fastio
@@ -42,7 +44,9 @@ from swemu.serving.loops import (
     compile_fault_stages,
     drain,
     echo_drain,
+    send_up,
     step,
+    uplink_drain,
 )
 
 #: Batches drained per readiness callback before yielding to the loop, so the
@@ -148,6 +152,20 @@ class DataPlane:
             np.zeros(n_out, np.uint32),
             np.zeros(n_out, np.int32),
         )
+        # a child switch's uplinks (docs/protocol.md §7): the socket of each job
+        # entry that has one, its partial aggregates' send list, the timer
+        self.up_fd = np.full(engine.config.max_jobs, -1, np.int32)
+        self._uplinks: dict[int, socket.socket] = {}
+        self._up_sends = Sends(
+            np.zeros(2 * batch_capacity, np.int64),
+            np.zeros(2 * batch_capacity, np.int64),
+            np.zeros(2 * batch_capacity, np.uint32),
+            np.zeros(2 * batch_capacity, np.int32),
+        )
+        self._up_rows = np.zeros((64, MAX_PACKET_LEN), np.uint8)  # the uplink timer's
+        self._up_lens = np.zeros(64, np.int32)
+        self._up_timer: asyncio.TimerHandle | None = None
+        self._up_due = np.inf
         self._fast_stats = np.zeros(len(LoopStat), np.int64)
         self._ts = np.zeros(2, np.int64)  # struct timespec
         self._pollfd = np.zeros(2, np.int32)  # struct pollfd
@@ -178,7 +196,14 @@ class DataPlane:
     def _records(self) -> None:
         """(Re)build the loops' records of this data plane's arrays (the delay
         queue is replaced when a delaying fault is first configured)."""
-        self.io = BatchIO(self.batch.packets, self._sends, self.queue.arrays, self.link_free)
+        self.io = BatchIO(
+            self.batch.packets,
+            self._sends,
+            self.queue.arrays,
+            self.link_free,
+            self._up_sends,
+            self.up_fd,
+        )
         # no serve slice while a delay queue exists (its due packets need the loop's timer)
         slice_s = SERVE_SLICE_MS / 1000.0 if self.queue.len.shape[0] == 0 else 0.0
         self._serve = Serve(self._fast_stats, slice_s, SERVE_IDLE_MS, self._ts, self._pollfd)
@@ -277,6 +302,165 @@ class DataPlane:
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
+        for j in list(self._uplinks):
+            self.remove_uplink(j)
+        if self._up_timer is not None:
+            self._up_timer.cancel()
+            self._up_timer = None
+
+    # ------------------------------------------------------------ uplinks
+    def add_uplink(self, job: Job, sock: socket.socket) -> None:
+        """Send ``job``'s partial aggregates up from ``sock`` and take its
+        parent's results there (the job has a parent: :meth:`SwitchEngine.set_parent`).
+        The socket stays the caller's; :meth:`remove_uplink` lets it go."""
+        j = job.index
+        self.remove_uplink(j)
+        sock.setblocking(False)
+        self._uplinks[j] = sock
+        self.up_fd[j] = sock.fileno()
+        self.loop.add_reader(sock.fileno(), self._on_uplink, j)
+
+    def remove_uplink(self, j: int) -> None:
+        """Stop using job entry ``j``'s uplink socket (the job was freed)."""
+        sock = self._uplinks.pop(j, None)
+        if sock is not None:
+            with contextlib.suppress(ValueError, OSError):
+                self.loop.remove_reader(sock.fileno())
+        self.up_fd[j] = -1
+
+    def compile_uplinks(self) -> None:
+        """Compile (or load) the uplink's kernels, before any parent's result or
+        timer needs them (a child switch calls this at start)."""
+        eng = self.engine
+        uplink_drain(-1, -1, 0, 0.0, self._receiver(False), self._tx, self.io, eng.state, 0, None)
+        switch_kernels.uplink_deadline(eng.state, 0)
+        switch_kernels.uplink_due(0.0, eng.state, 0, self._up_rows[:0], self._up_lens[:0], 0)
+        send_up(self._tx, self.io, eng.state, self._fast_stats)
+
+    def _on_uplink(self, j: int) -> None:
+        sock = self._uplinks.get(j)
+        if sock is None:
+            return
+        if self.fast and self.tap is None:
+            uplink_drain(
+                sock.fileno(),
+                self.sock.fileno(),
+                self.capacity,
+                self.loop.time(),
+                self._receiver(False),
+                self._tx,
+                self.io,
+                self.engine.state,
+                j,
+                self._faulty(),
+            )
+        else:
+            self._uplink_stepwise(j, sock)
+        self._arm_up_timer()
+
+    def _uplink_stepwise(self, j: int, sock: socket.socket) -> None:
+        """:meth:`_on_uplink` batch by batch from Python (a tap, or no compiled I/O)."""
+        b = self.batch
+        for _ in range(MAX_BATCHES_PER_WAKEUP):
+            n = 0
+            if self.fast:
+                n, _ = fastio.receive(sock.fileno(), self.capacity, b.rows, self._receiver(False))
+            else:
+                while n < self.capacity:
+                    try:
+                        nbytes, addr = sock.recvfrom_into(self._rows[n])
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    except OSError:
+                        continue
+                    b.lens[n] = nbytes
+                    b.ip[n] = self._addr.to_int(addr[0])
+                    b.port[n] = addr[1]
+                    n += 1
+            if n == 0:
+                return
+            now = self.loop.time()
+            nd = switch_kernels.uplink_batch(b.packets, n, now, self.engine.state, j)
+            b.n, b.n_dest = n, nd
+            if self.tap is not None:
+                self.tap(b, now)
+            m = faults_mod.egress(
+                now,
+                nd,
+                b.packets,
+                self.engine.state,
+                self.link_free,
+                self.queue.arrays,
+                self._sends,
+                bool(self.engine.fault_flags[FaultFlag.EGRESS]),
+            )
+            self._send_list(m)
+
+    def _send_up(self) -> None:
+        """Send the batch's partial aggregates going up (the stepwise paths)."""
+        b = self.batch
+        if b.n_up[0] == 0:
+            return
+        if self.fast:
+            send_up(self._tx, self.io, self.engine.state, self._fast_stats)
+            return
+        st = self.engine.state
+        for k in range(int(b.n_up[0])):
+            r = int(b.up_row[k])
+            j = int(b.out_job[r])
+            sock = self._uplinks.get(j)
+            if sock is None:
+                continue
+            try:
+                sock.sendto(
+                    b.out_buf[r, : b.out_len[r]],
+                    (self._addr.to_str(int(st.job_up_ip[j])), int(st.job_up_port[j])),
+                )
+            except OSError:
+                pass  # the uplink's timer resends it
+        b.n_up[0] = 0
+
+    def _arm_up_timer(self) -> None:
+        """Wake up when the earliest upward packet is due (held or unanswered)."""
+        if not self._uplinks:
+            return
+        st = self.engine.state
+        due = min(switch_kernels.uplink_deadline(st, j) for j in self._uplinks)
+        if due == np.inf:
+            return
+        if self._up_timer is not None:
+            if self._up_due <= due:
+                return
+            self._up_timer.cancel()
+        self._up_due = due
+        self._up_timer = self.loop.call_at(due, self._on_up_timer)
+
+    def _on_up_timer(self) -> None:
+        self._up_timer = None
+        self._up_due = np.inf
+        now = self.loop.time()
+        st = self.engine.state
+        rows, lens = self._up_rows, self._up_lens
+        stride = rows.strides[0]
+        for j, sock in list(self._uplinks.items()):
+            first = 0
+            while True:
+                n, first = switch_kernels.uplink_due(now, st, j, rows, lens, first)
+                ip, port = int(st.job_up_ip[j]), int(st.job_up_port[j])
+                if self.fast and n:
+                    out = self._up_sends
+                    out.ptr[:n] = rows.ctypes.data + stride * np.arange(n)
+                    out.len[:n] = lens[:n]
+                    out.ip[:n] = ip
+                    out.port[:n] = port
+                    fastio.send_batch_gso(sock.fileno(), self._tx, n, out)
+                elif n:
+                    for i in range(n):
+                        with contextlib.suppress(OSError):
+                            sock.sendto(rows[i, : lens[i]], (self._addr.to_str(ip), port))
+                if n < rows.shape[0]:
+                    break
+        self._arm_up_timer()
 
     # ------------------------------------------------------------ the paths
     def _set_gro(self, on: bool) -> None:
@@ -311,6 +495,7 @@ class DataPlane:
         if self.gro and not self._gro_socket and not self._gro.leftover():
             self.gro = False  # leaving GRO: plain receives once nothing coalesced is left
         self._arm_flush()
+        self._arm_up_timer()
 
     def _drain_fast(self) -> None:
         drain(
@@ -366,6 +551,7 @@ class DataPlane:
                 b.n, b.n_dest = rows, dests
                 self.tap(b, now)
             self._send_list(m)
+            self._send_up()
             st[LoopStat.BATCHES] += 1
             st[LoopStat.PACKETS] += n
             if not more:

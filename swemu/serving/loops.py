@@ -35,7 +35,7 @@ from numba.core.dispatcher import Dispatcher
 
 from swemu.core import faults as faults_mod
 from swemu.core.faults import Queue
-from swemu.core.kernels import process_batch
+from swemu.core.kernels import process_batch, uplink_batch
 from swemu.core.state import FaultFlag, Packets
 from swemu.protocol import fastio
 from swemu.protocol.fastio import Sends
@@ -64,12 +64,16 @@ class BatchIO(NamedTuple):
     """A batch and the way out of the switch: the batch itself (its rows are
     where datagrams are received), the send list it leaves through, and the
     fault stages' state (the delay queue, and when each (job, rank)'s link is
-    free again: ``link_free[j, d]``, float64)."""
+    free again: ``link_free[j, d]``, float64). A child switch's partial
+    aggregates leave through ``up_sends`` from the socket ``up_fd[j]`` of
+    their job (int32, -1: none; docs/protocol.md §7)."""
 
     packets: Packets
     sends: Sends
     queue: Queue
     link_free: np.ndarray
+    up_sends: Sends
+    up_fd: np.ndarray
 
 
 class Serve(NamedTuple):
@@ -120,6 +124,73 @@ def switch_batch(now, n, io, sw, row_addr, faulty):
         now, nd, pk, sw, io.link_free, io.queue, io.sends, faulty[FaultFlag.EGRESS]
     )
     return m, n, nd
+
+
+@kernel
+def send_up(tx, io, sw, stats):
+    """Send the batch's partial aggregates going up (``io.packets.up_row``),
+    each from its job's uplink socket to its job's parent, grouped by job.
+    Returns how many the kernel took."""
+    pk = io.packets
+    n = pk.n_up[0]
+    ups = io.up_sends
+    base = pk.out_buf.ctypes.data
+    stride = pk.out_buf.strides[0]
+    sent = 0
+    first = 0
+    while first < n:
+        j = pk.out_job[pk.up_row[first]]
+        m = 0
+        nxt = n
+        for k in range(first, n):
+            r = pk.up_row[k]
+            if r < 0:
+                continue
+            if pk.out_job[r] != j:
+                nxt = min(nxt, k)
+                continue
+            ups.ptr[m] = base + stride * r
+            ups.len[m] = pk.out_len[r]
+            ups.ip[m] = sw.job_up_ip[j]
+            ups.port[m] = sw.job_up_port[j]
+            pk.up_row[k] = -1
+            m += 1
+        if io.up_fd[j] >= 0:
+            got = fastio.send_batch_gso(io.up_fd[j], tx, m, ups)
+            sent += got
+            stats[LoopStat.SENT] += got
+            stats[LoopStat.SEND_DROPS] += m - got
+        first = nxt
+    pk.n_up[0] = 0
+    return sent
+
+
+@kernel
+def uplink_drain(up_fd, fd, cap, now, rx, tx, io, sw, j, faulty):
+    """A child switch's uplink socket ``up_fd`` of job ``j``: receive what its
+    parent sent (``rx``, into ``io``'s rows), take the results
+    (:func:`swemu.core.kernels.uplink_batch`) and send them down to the
+    members from the data-plane socket ``fd`` (through the same fault stages
+    as the results of :func:`drain`), until the socket is empty. Returns the
+    datagrams received."""
+    rx, tx, io, sw = unowned((rx, tx, io, sw))
+    pk = io.packets
+    total = 0
+    while True:
+        n, more = fastio.receive(up_fd, cap, pk.rows, rx)
+        if n == 0:
+            return total
+        total += n
+        nd = uplink_batch(pk, n, now, sw, j)
+        if faulty is None:
+            m = faults_mod.leave_now(nd, pk, io.sends)
+        else:
+            m = faults_mod.egress(
+                now, nd, pk, sw, io.link_free, io.queue, io.sends, faulty[FaultFlag.EGRESS]
+            )
+        fastio.send_batch_gso(fd, tx, m, io.sends)
+        if not more:
+            return total
 
 
 @kernel(entry=False)
@@ -221,6 +292,8 @@ def drain(fd, cap, max_batches, now, rx, tx, io, sw, serve, faulty):
             row_addr = landed if rx.gro else landed[:0]
             m, _, _ = switch_batch(now, n, io, sw, row_addr, unowned(faulty))
             sent = fastio.send_batch_gso(fd, tx, m, io.sends)
+            if io.packets.n_up[0] > 0:
+                send_up(tx, io, sw, stats)
             stats[LoopStat.BATCHES] += 1
             stats[LoopStat.PACKETS] += n
             stats[LoopStat.SENT] += sent

@@ -49,11 +49,13 @@ from swemu.protocol.netutil import (
     interface_mac,
     receive_buffer,
 )
+from swemu.protocol.proto import fabric_pb2_grpc
 from swemu.protocol.version import __version__
 from swemu.protocol.wire import DEFAULT_CONTROL_PORT, DEFAULT_UDP_PORT
 from swemu.serving.control_plane import SessionService, SyncService, start_control_server
 from swemu.serving.dataplane import DataPlane, bind_udp
 from swemu.serving.dataplane import warmup as dataplane_warmup
+from swemu.serving.fabric import FabricNode, FabricService
 
 log = logging.getLogger("swemu.server")
 
@@ -178,8 +180,12 @@ class Emulator:
         pcap: str | os.PathLike[str] | None = None,
         pcap_max_packets: int | None = DEFAULT_MAX_PACKETS,
         pcap_max_bytes: int | None = DEFAULT_MAX_BYTES,
+        parent: str | None = None,
+        always_up: bool = False,
     ) -> None:
         self.host = host
+        self.parent = parent  # a fabric's parent switch (control address), docs/protocol.md §7
+        self.always_up = always_up
         self.requested_port = port
         self.control_host = control_host or host
         self.requested_control_port = control_port
@@ -206,6 +212,16 @@ class Emulator:
         self._timer: asyncio.TimerHandle | None = None
         self._flush_timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.session_service: SessionService | None = None
+        self.fabric: FabricNode | None = None
+
+    def clock(self) -> float:
+        """The emulator's clock: its event loop's (what the engine's times are)."""
+        return self._loop.time()
+
+    def on_fabric_change(self) -> None:
+        """A fabric configured or freed a job here: the idle timer follows."""
+        self._arm_timer()
 
     @property
     def data_address(self) -> tuple[str, int]:
@@ -289,12 +305,21 @@ class Emulator:
                 advertise_identity=self._advertise_identity,
                 flush=self._data.flush,
             )
+            self.session_service = session
             control = EmulatorControlService(self.snapshot, self.set_faults_handler())
+            self.fabric = FabricNode(self, parent=self.parent, always_up=self.always_up)
+            session.fabric = self.sync_service.fabric = self.fabric
+            fabric_service = FabricService(self.fabric)
             self._grpc, self.control_port = await start_control_server(
                 self.control_host,
                 self.requested_control_port,
                 (session, self.sync_service),
-                extra=[lambda server: add_to_server(control, server)],
+                extra=[
+                    lambda server: add_to_server(control, server),
+                    lambda server: fabric_pb2_grpc.add_FabricServicer_to_server(
+                        fabric_service, server
+                    ),
+                ],
             )
             if self._metrics_port is not None:
                 self.metrics = MetricsServer(self.snapshot, self._metrics_host, self._metrics_port)
@@ -314,7 +339,10 @@ class Emulator:
         if self.capture is not None:
             self._data.tap = self.capture
             self._flush_timer = self._loop.call_later(1.0, self._flush_capture)
+        if self.parent is not None:
+            self._data.compile_uplinks()
         self._data.start()
+        await self.fabric.start()
         log.info(
             "data plane on udp %s:%d, control plane on grpc %s:%d",
             self.host,
@@ -365,6 +393,8 @@ class Emulator:
         }
         if self.capture is not None:
             snap["capture"] = self.capture.counters
+        if self.fabric is not None and self.fabric.active:
+            snap["fabric"] = self.fabric.snapshot()
         return snap
 
     def _arm_timer(self) -> None:
@@ -408,6 +438,8 @@ class Emulator:
         if self._data is not None:
             self._data.stop()
             self._data.tap = None
+        if self.fabric is not None:
+            await self.fabric.stop()
         self.sync_service.cancel_all("the emulator is shutting down")
         await self._close_listeners()
         if self.capture is not None:

@@ -28,6 +28,11 @@ def main() -> int:
         )
         if rc:
             return rc
+        # a .proto importing another: its message module imports the other's
+        pb2 = here / f"{proto.stem}_pb2.py"
+        pb2.write_text(
+            re.sub(r"^import (\w+_pb2) as", r"from . import \1 as", pb2.read_text(), flags=re.M)
+        )
         stub = here / f"{proto.stem}_pb2_grpc.py"
         # protoc writes absolute imports; the stubs live inside a package.
         text = re.sub(r"^import (\w+_pb2) as", r"from . import \1 as", stub.read_text(), flags=re.M)
