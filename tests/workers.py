@@ -142,3 +142,40 @@ def restart_loop(
                 f"call {call}: {bad.size} values differ, chunks {sorted(set(bad // nvals))}"
             )
     return wrong
+
+
+def fabric_rank(
+    rank: int, world: int, control: str, session_id: int, calls: int, n: int, out
+) -> None:
+    """One rank of a job on a fabric (tests/test_fabric_e2e.py): it registers at its
+    own switch's control plane only; int32 and float32 calls of ``rank_input``,
+    each checked against what one switch would give (the exact sum, and bit for
+    bit ``quant.simulate_allreduce``). Puts ``(session, rank, wrong lines)`` or
+    ``(session, rank, traceback)`` on ``out``."""
+    import traceback
+
+    from swemu.launch import die_with_parent
+    from swemu.protocol.worker import quant
+
+    die_with_parent(os.getppid())
+    try:
+        wrong = []
+        with hostlib.connect(
+            control=control, rank=rank, world_size=world, session_id=session_id, window=32
+        ) as ctx:
+            nvals = 32 << ctx.options.packet_size
+            for call in range(calls):
+                dt = np.int32 if call % 2 == 0 else np.float32
+                y = ctx.allreduce(rank_input(rank, n, call, dt))
+                xs = [rank_input(r, n, call, dt) for r in range(world)]
+                if dt == np.int32:
+                    want = np.sum([x.astype(np.int64) for x in xs], axis=0).astype(np.int32)
+                else:
+                    want = quant.simulate_allreduce(xs, nvals)
+                if not np.array_equal(y, want):
+                    wrong.append(
+                        f"call {call} ({np.dtype(dt)}): {np.count_nonzero(y != want)} differ"
+                    )
+        out.put((session_id, rank, wrong))
+    except BaseException:
+        out.put((session_id, rank, traceback.format_exc()))

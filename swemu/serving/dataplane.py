@@ -240,7 +240,7 @@ class DataPlane:
         flags = self._faulty()
         if flags is None:
             return
-        for kernel in (drain, step):
+        for kernel in (drain, step, uplink_drain):
             compile_fault_stages(kernel, flags)
 
     def start(self) -> None:
@@ -332,7 +332,9 @@ class DataPlane:
         """Compile (or load) the uplink's kernels, before any parent's result or
         timer needs them (a child switch calls this at start)."""
         eng = self.engine
-        uplink_drain(-1, -1, 0, 0.0, self._receiver(False), self._tx, self.io, eng.state, 0, None)
+        rx = self._receiver(False)
+        uplink_drain(-1, -1, 0, 0.0, rx, self._tx, self.io, eng.state, 0, None)
+        self._on_fault_flags()  # and the variant with fault stages, if faults act
         switch_kernels.uplink_deadline(eng.state, 0)
         switch_kernels.uplink_due(0.0, eng.state, 0, self._up_rows[:0], self._up_lens[:0], 0)
         send_up(self._tx, self.io, eng.state, self._fast_stats)
