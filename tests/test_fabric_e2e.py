@@ -9,7 +9,7 @@ import queue
 import time
 
 import pytest
-from workers import fabric_rank
+from workers import fabric_loop, fabric_rank
 
 from swemu.launch import EmulatorProcess
 from swemu.observe.stats import fetch_stats
@@ -100,3 +100,71 @@ def test_three_jobs_through_a_two_level_fabric_with_loss_on_every_link(fabric):
         snap = fetch_stats(emu.control)
         assert snap["jobs"] == [], (emu.control, snap["jobs"])
         assert snap["memory_in_use"] == 0
+
+
+@pytest.mark.slow
+def test_a_child_and_then_the_root_restart_under_a_running_job():
+    """SIGKILL of a child switch in the middle of a job spread over two children,
+    later of the root; each comes back on its ports. The workers below the dead
+    switch resume, the root frees the job everywhere so that the others resume
+    too, and after the root's restart the children notice (Hello) and free it:
+    every result of every call is the exact sum."""
+    root = EmulatorProcess().start()
+    ports = {"root": (root.data[1], root.control_addr[1])}
+    a = EmulatorProcess("--parent", root.control).start()
+    b = EmulatorProcess("--parent", root.control).start()
+    ports["a"] = (a.data[1], a.control_addr[1])
+    emus = {"root": root, "a": a, "b": b}
+
+    def restart(name: str) -> None:
+        emus[name].kill()
+        args = () if name == "root" else ("--parent", root.control)
+        port, control = ports[name]
+        emus[name] = EmulatorProcess(*args, port=port, control_port=control).start()
+
+    mp = multiprocessing.get_context("spawn")
+    progress, out = mp.Queue(), mp.Queue()
+    controls = [a.control, a.control, b.control, b.control]
+    procs = [
+        mp.Process(
+            target=fabric_loop,
+            args=(r, 4, controls[r], 21, 12, 100_000, "int32", progress, out),
+        )
+        for r in range(4)
+    ]
+    for p in procs:
+        p.start()
+    fired = []
+    try:
+        results = {}
+        deadline = time.monotonic() + 300
+        while len(results) < 4 and time.monotonic() < deadline:
+            try:
+                rank, call, what = progress.get(timeout=0.2)
+            except queue.Empty:
+                while not out.empty():
+                    _, r, value = out.get()
+                    results[r] = value
+                failed = {r: p.exitcode for r, p in enumerate(procs) if p.exitcode not in (None, 0)}
+                if failed and out.empty():
+                    pytest.fail(f"ranks exited without a result: {failed}")
+                continue
+            if what == "start" and rank == 0 and call == 3 and "a" not in fired:
+                fired.append("a")
+                restart("a")
+            elif what == "start" and rank == 2 and call == 8 and "root" not in fired:
+                fired.append("root")
+                restart("root")
+        while not out.empty():
+            _, r, value = out.get()
+            results[r] = value
+        for p in procs:
+            p.join(30)
+        assert results == {r: [] for r in range(4)}, results
+        assert fired == ["a", "root"]
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for emu in emus.values():
+            emu.stop()

@@ -179,3 +179,20 @@ def fabric_rank(
         out.put((session_id, rank, wrong))
     except BaseException:
         out.put((session_id, rank, traceback.format_exc()))
+
+
+def fabric_loop(rank, world, control, session_id, iters, n, dtype, progress, out) -> None:
+    """``restart_loop`` for one rank of a fabric's job, registered at its own
+    switch (``control``); puts ``(session, rank, wrong lines or traceback)``."""
+    import traceback
+
+    from swemu.launch import die_with_parent
+
+    die_with_parent(os.getppid())
+    try:
+        with hostlib.connect(
+            control=control, rank=rank, world_size=world, session_id=session_id, window=24
+        ) as ctx:
+            out.put((session_id, rank, restart_loop(ctx, iters, n, dtype, progress)))
+    except BaseException:
+        out.put((session_id, rank, traceback.format_exc()))

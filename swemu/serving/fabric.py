@@ -53,6 +53,8 @@ log = logging.getLogger("swemu.fabric")
 #: A child asks its parent's instance when an uplink has had no result this long
 #: while waiting for one, and this often while it stalls.
 PARENT_PROBE_AFTER = 1.0
+#: Why a job is freed whose workers resume (its switches keep their uplink sockets).
+RESUMING = "resuming"
 #: How long a call to a neighbour switch may take (a rendezvous call waits longer).
 CALL_TIMEOUT = 10.0
 _CHANNEL_OPTIONS = [
@@ -495,13 +497,16 @@ class FabricNode:
         self.server.on_fabric_change()
 
     def _free_here(self, session_id: int, why: str) -> None:
-        """Free this switch's part of a job (its own doing: not 'gone')."""
+        """Free this switch's part of a job (its own doing: not 'gone'). A job
+        being resumed keeps its uplink socket: the reports on their way up name
+        its address, and the new tree is set up with it."""
         self._dropping.add(session_id)
         try:
             self.controller.release(session_id)
         finally:
             self._dropping.discard(session_id)
-        self._close_uplink(session_id)
+        if why != RESUMING:
+            self._close_uplink(session_id)
         self._up_progress.pop(session_id, None)
         self._here.pop(session_id, None)
         self.server.on_fabric_change()
@@ -565,12 +570,12 @@ class FabricNode:
         """The engine freed a job: by itself (idle, evicted) for a fabric job
         means the whole job goes (said up to the root)."""
         sid = job.session_id
-        self._close_uplink(sid)
         self._up_progress.pop(sid, None)
         self._here.pop(sid, None)
         self.server.data_plane.remove_uplink(job.index)
         if sid in self._dropping or not self.active:
             return
+        self._close_uplink(sid)
         if self.parent is None and sid not in self.registry.controller.sessions:
             return
         self._spawn(self.on_gone(fb.GoneRequest(session_id=sid, why="freed below")))
@@ -593,7 +598,7 @@ class FabricNode:
             rnd = self._resuming[reg.session_id] = _Resuming(reg.num_workers)
             if reg.session_id in self.registry.configured:
                 # the others' switches must tell their workers: free the job everywhere
-                await self._drop_tree(reg.session_id, "resuming")
+                await self._drop_tree(reg.session_id, RESUMING)
         if reg.num_workers != rnd.num_workers:
             raise FabricError(
                 "INVALID_ARGUMENT",
@@ -743,7 +748,7 @@ class FabricNode:
                 len(sessions),
             )
             for sid in sessions:
-                self._free_here(sid, "the parent restarted")
+                self._free_here(sid, RESUMING)
 
     def _spawn(self, coro: Any, name: str | None = None) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=name)
