@@ -9,14 +9,17 @@ from __future__ import annotations
 import multiprocessing
 import queue
 import random
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from workers import restart_loop
 
 from hostlib.pytest_plugin import run_workers
-from swemu.launch import EmulatorProcess
+from swemu.launch import EmulatorProcess, child_env
 
 W = 3
 
@@ -167,3 +170,64 @@ def test_float32_results_equal_an_uninterrupted_jobs():
         emu.stop()
     assert fired == [1, 4]
     assert wrong == [[]] * W
+
+
+def train(tmp: Path, emu: Restarter, mode: str, kill_at: int | None) -> list[bytes]:
+    """``switchml run`` the training program against ``emu``; with ``kill_at``,
+    SIGKILL the emulator once rank 0 finished that step, and start it again.
+    Returns each rank's final parameters."""
+    out = tmp / f"{mode}-{kill_at}"
+    out.mkdir()
+    switchml = [sys.executable, "-c", "from cli.main import switchml_main; switchml_main()"]
+    cmd = [
+        *switchml,
+        "run",
+        "--workers",
+        "2",
+        "--switch",
+        emu.emu.switch,
+        "--control",
+        emu.emu.control,
+        "--",
+        sys.executable,
+        str(Path(__file__).parent / "restart_training.py"),
+        str(out),
+        mode,
+    ]
+    proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        if kill_at is not None:
+            step = out / "step.0"
+            deadline = time.monotonic() + 240
+            while not (step.exists() and int(step.read_text() or -1) >= kill_at):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
+            emu.restart()
+        _, stderr = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, stderr.decode()[-4000:]
+    return [(out / f"params.{r}").read_bytes() for r in range(2)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["numpy", pytest.param("torch", marks=pytest.mark.torch)])
+def test_training_with_a_restart_ends_where_an_uninterrupted_run_does(tmp_path, mode):
+    """A training run under ``switchml run -- CMD`` (hostlib.from_env, or DDP on
+    the switchml backend) against an emulator SIGKILLed and started again at
+    step 12: the replicas are identical and the final parameters are bit for
+    bit those of the same run without a restart."""
+    if mode == "torch":
+        pytest.importorskip("torch")
+    emu = Restarter()
+    try:
+        plain = train(tmp_path, emu, mode, None)
+        restarted = train(tmp_path, emu, mode, 12)
+    finally:
+        emu.stop()
+    assert len(emu.restarts) == 1
+    assert plain[0] == plain[1] and restarted[0] == restarted[1]
+    assert restarted[0] == plain[0]
