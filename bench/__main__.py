@@ -124,6 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--size", default="1Mi")
     f.add_argument("--iters", type=int, default=3)
     _tree_options(f, rounds=1)
+    rs = sub.add_parser("restart", help="what a switch restart costs a running job")
+    rs.add_argument("--workers", type=int, default=4)
+    rs.add_argument("--size", type=_list(None), default=[16 << 20])
+    rs.add_argument("--rounds", type=int, default=5)
+    rs.add_argument("--seed", type=int, default=1)
+    rs.add_argument("--out", type=Path, default=Path("bench/results"))
     c = sub.add_parser("compile", help="what a first run compiles, per kernel (CPU seconds)")
     c.add_argument("--dtype", choices=["float32", "int32"], default="float32")
     _tree_options(c, rounds=1)
@@ -280,6 +286,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         _save(args.out, "firstrun", data, firstrun.markdown(data))
         return 0
+    if args.what == "restart":
+        from . import restart
+
+        data = restart.run(args.workers, args.size[0], args.rounds, args.seed)
+        _save(args.out, "restart", data, restart.markdown(data), newline=True)
+        return 0 if data["wrong"] == 0 else 1
     if args.what == "compile":
         from . import compile as compile_bench
 

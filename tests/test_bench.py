@@ -249,3 +249,16 @@ def test_the_paired_ratio_cancels_a_drift_that_the_ratio_of_medians_keeps():
     assert medians == pytest.approx(1.35)
     with pytest.raises(ValueError):
         paired_ratio(method[:4], gloo)
+
+
+@pytest.mark.slow
+def test_restart_benchmark_smoke():
+    """``bench restart``: one SIGKILL under a running 2-worker job; the job
+    goes on (every result right) and the restart's costs are measured."""
+    from bench import restart
+
+    data = restart.run(workers=2, size=1 << 20, rounds=1)
+    assert data["wrong"] == 0
+    (r,) = data["restarts"]
+    assert r["job_lost_s"] is not None and r["job_lost_s"] >= r["emulator_start_s"] > 0
+    assert "| 1 |" in restart.markdown(data)
