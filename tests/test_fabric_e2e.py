@@ -168,3 +168,85 @@ def test_a_child_and_then_the_root_restart_under_a_running_job():
                 p.kill()
         for emu in emus.values():
             emu.stop()
+
+
+def test_bad_fabric_requests_get_an_error_and_the_switch_keeps_serving():
+    """Malformed and nonsensical Fabric calls -- a Hello without a port, a plan
+    naming a child nobody knows, more members than a job may have, members at
+    no address, a Join that breaks the session rules, drops and gones of
+    sessions that do not exist -- each get a status (or change nothing), and
+    the switch serves a job normally afterwards."""
+    import grpc
+    import numpy as np
+    from workers import int_lengths
+
+    from hostlib.pytest_plugin import run_workers
+    from swemu.protocol.proto import fabric_pb2 as fb
+    from swemu.protocol.proto import fabric_pb2_grpc as fb_grpc
+    from swemu.protocol.proto import switchml_pb2 as pb
+
+    with EmulatorProcess() as emu:
+        with grpc.insecure_channel(emu.control) as ch:
+            stub = fb_grpc.FabricStub(ch)
+            bad = [
+                (stub.Hello, fb.HelloRequest(instance=1, control="no-port")),
+                (stub.Hello, fb.HelloRequest(instance=1, control="[::1")),
+                (
+                    stub.Configure,
+                    fb.ConfigureRequest(
+                        session_id=5,
+                        num_workers=2,
+                        packet_size=3,
+                        pool_size=8,
+                        epoch=1,
+                        plan=fb.Plan(switch=1, involved=False, below=[fb.Plan(switch=99)]),
+                    ),
+                ),
+                (
+                    stub.Configure,
+                    fb.ConfigureRequest(
+                        session_id=5,
+                        num_workers=40,
+                        packet_size=3,
+                        pool_size=8,
+                        epoch=1,
+                        plan=fb.Plan(
+                            switch=1,
+                            involved=True,
+                            members=[
+                                fb.Member(rank=r, ipv4=0x7F000001, udp_port=1000 + r)
+                                for r in range(40)
+                            ],
+                        ),
+                    ),
+                ),
+                (
+                    stub.Configure,
+                    fb.ConfigureRequest(
+                        session_id=6,
+                        num_workers=1,
+                        packet_size=9,
+                        pool_size=8,
+                        epoch=1,
+                        plan=fb.Plan(switch=1, involved=True, members=[fb.Member(rank=0)]),
+                    ),
+                ),
+                (
+                    stub.Join,
+                    fb.JoinRequest(
+                        registration=pb.UdpSessionRequest(session_id=7, rank=3, num_workers=2)
+                    ),
+                ),
+            ]
+            for method, request in bad:
+                with pytest.raises(grpc.RpcError) as info:
+                    method(request, timeout=10)
+                assert info.value.code() in (
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    grpc.StatusCode.UNAVAILABLE,
+                ), (request, info.value)
+            stub.Drop(fb.DropRequest(session_id=12345, why="test"), timeout=10)
+            stub.Gone(fb.GoneRequest(session_id=12345, why="test"), timeout=10)
+        assert fetch_stats(emu.control)["jobs"] == []
+        outs = run_workers(emu.switch, emu.control, 2, int_lengths)
+        assert all(np.array_equal(a, b) for a, b in zip(*outs))

@@ -47,6 +47,7 @@ from swemu.protocol.proto import fabric_pb2_grpc as fb_grpc
 from swemu.protocol.proto import switchml_pb2 as pb
 from swemu.protocol.proto import switchml_pb2_grpc as pb_grpc
 from swemu.protocol.worker.recovery import Progress, RecoveryError, SlotResult, plan_repairs
+from swemu.serving.control_plane import peer_ipv4
 
 log = logging.getLogger("swemu.fabric")
 
@@ -331,31 +332,39 @@ class FabricNode:
     def on_hello(self, request: fb.HelloRequest, peer_ip: int) -> fb.HelloResponse:
         """A child introduced itself: from now on registrations go through the
         fabric here too."""
-        host, port = parse_address(request.control, 0)
+        try:
+            host, port = parse_address(request.control, 0)
+        except ValueError as exc:
+            raise FabricError("INVALID_ARGUMENT", f"Hello: {exc}") from None
         if host in ("", "0.0.0.0"):
             host = _ip(peer_ip)
-        control = f"{host}:{port}"
-        old = self.children.get(request.instance)
-        if old is None or old.control != control:
-            channel = grpc.aio.insecure_channel(control, options=_CHANNEL_OPTIONS)
-            self.children[request.instance] = _Child(
-                request.instance, control, channel, fb_grpc.FabricStub(channel)
-            )
-            if old is not None:
-                self._spawn(old.channel.close())
-            log.info("child switch %x at %s", request.instance, control)
+        if not 0 < port <= 0xFFFF:
+            raise FabricError("INVALID_ARGUMENT", f"Hello: no control port in {request.control!r}")
+        self._add_child(request.instance, f"{host}:{port}")
         ip, port = self._data_address()
         return fb.HelloResponse(instance=self.instance, data_ipv4=ip, data_port=port)
+
+    def _add_child(self, instance: int, control: str) -> None:
+        """Know a child switch: its instance and control address (a restarted
+        child, at the same address with a new instance, replaces itself)."""
+        old = self.children.get(instance)
+        if old is not None and old.control == control:
+            return
+        for other in [c for c in self.children.values() if c.control == control]:
+            del self.children[other.instance]
+            self._spawn(other.channel.close())
+        if old is not None and instance in self.children:
+            del self.children[instance]
+            self._spawn(old.channel.close())
+        channel = grpc.aio.insecure_channel(control, options=_CHANNEL_OPTIONS)
+        self.children[instance] = _Child(instance, control, channel, fb_grpc.FabricStub(channel))
+        log.info("child switch %x at %s", instance, control)
 
     def _child_from(self, path: list[fb.Hop]) -> None:
         """Learn a child from the first hop below this switch (a registration
         that came up through a child that has not said Hello to us yet)."""
         if path and path[-1].switch not in self.children:
-            hop = path[-1]
-            channel = grpc.aio.insecure_channel(hop.control, options=_CHANNEL_OPTIONS)
-            self.children[hop.switch] = _Child(
-                hop.switch, hop.control, channel, fb_grpc.FabricStub(channel)
-            )
+            self._add_child(path[-1].switch, path[-1].control)
 
     async def on_join(
         self, registration: pb.UdpSessionRequest, path: list[fb.Hop], peer_control: str | None
@@ -813,12 +822,15 @@ class FabricService(fb_grpc.FabricServicer):
             return await coro
         except (FabricError, RegistrationError) as exc:
             await context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
+        except ValueError as exc:  # a malformed request (an address, a field out of range)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         raise AssertionError("unreachable")  # abort raises
 
     async def Hello(self, request, context):
-        from swemu.serving.control_plane import peer_ipv4
+        async def hello():
+            return self.node.on_hello(request, peer_ipv4(context))
 
-        return self.node.on_hello(request, peer_ipv4(context))
+        return await self._run(context, hello())
 
     async def Join(self, request, context):
         epoch = await self._run(
