@@ -161,7 +161,8 @@ def _served(python: bool, stream: list, monkeypatch: pytest.MonkeyPatch) -> list
         np.zeros(1024, np.uint32),
         np.zeros(1024, np.int32),
     )
-    io = loops.BatchIO(batch.packets, sends, queue.arrays, np.zeros((4, 32)))
+    no_up = np.full(4, -1, np.int32)  # no uplinks: a switch alone
+    io = loops.BatchIO(batch.packets, sends, queue.arrays, np.zeros((4, 32)), sends, no_up)
     if python:
         for name in ("duplicate_rows", "egress", "leave_now"):
             monkeypatch.setattr(faults, name, getattr(faults, name).py_func)
@@ -170,13 +171,13 @@ def _served(python: bool, stream: list, monkeypatch: pytest.MonkeyPatch) -> list
 
         def run(now, n):
             return loops.switch_batch.py_func(
-                now, n, io, eng.state, K.NO_ADDRESSES, eng.fault_flags
+                now, n, io, eng.state, K.NO_ADDRESSES, eng.fault_flags, None
             )
     else:
         K.seed(7)
 
         def run(now, n):
-            return loops.step(now, n, io, eng.state, eng.fault_flags)
+            return loops.step(now, n, io, eng.state, eng.fault_flags, None)
 
     out = []
     for start in range(0, len(stream), 16):

@@ -71,6 +71,7 @@ from swemu.core.state import (
     Packets,
     PoolArray,
     SwitchState,
+    Uplinks,
     UpState,
     UpTime,
     UpTiming,
@@ -241,14 +242,14 @@ class Batch:
         self.n = r + 1
         return self.n == self.capacity
 
-    def upward(self, state: SwitchState) -> list[tuple[bytes, tuple[int, int]]]:
+    def upward(self, up: Uplinks) -> list[tuple[bytes, tuple[int, int]]]:
         """A child switch's partial aggregates of this batch, as ``(bytes,
         (parent ip, port))`` (tests and slow paths)."""
         out = []
         for k in range(int(self.n_up[0])):
             r = int(self.up_row[k])
             j = int(self.out_job[r])
-            parent = (int(state.job_up_ip[j]), int(state.job_up_port[j]))
+            parent = (int(up.job_up_ip[j]), int(up.job_up_port[j]))
             out.append((self.out_buf[r, : self.out_len[r]].tobytes(), parent))
         return out
 
@@ -314,6 +315,10 @@ class SwitchEngine:
         self.up_rtt = np.zeros((mj, len(Rtt)), np.float64)
         self.up_timing = np.zeros(len(UpTiming), np.float64)
         self.set_up_timing(Timing())
+        #: the uplinks as the kernels take them (fields: the attributes of the same names)
+        self.uplinks = Uplinks(**{name: getattr(self, name) for name in Uplinks._fields})
+        #: True once a job has had a parent: the kernels get :attr:`uplinks`, not None
+        self.is_child = False
         # fault injection: per (job, worker) settings and per-job counters (swemu.core.faults)
         self.faults = np.zeros((mj, MAX_WORKERS, len(FaultParam)), np.float64)
         self.fault_counters = np.zeros((mj, len(FaultCounter)), np.int64)
@@ -480,6 +485,12 @@ class SwitchEngine:
         self.job_up_port[j] = port
         self.up_rtt[j] = 0.0
         job.parent = (ipv4, port)
+        self.is_child = True
+
+    @property
+    def up(self) -> Uplinks | None:
+        """The kernels' ``up`` argument: :attr:`uplinks` on a child switch, else None."""
+        return self.uplinks if self.is_child else None
 
     def create_job(self, session_id: int, w: int, code: int, pool: int, now: float) -> Job:
         """Take a free job entry and give it a fresh pool of ``pool`` slots (no workers)."""
@@ -611,7 +622,9 @@ class SwitchEngine:
     def process(self, batch: Batch, now: float = 0.0) -> int:
         """Run rows ``0..batch.n-1`` through the switch; return the number of
         destinations written to ``batch.dest_*`` (also kept in ``batch.n_dest``)."""
-        batch.n_dest = K.process_batch(batch.packets, batch.n, now, self.state, K.NO_ADDRESSES)
+        batch.n_dest = K.process_batch(
+            batch.packets, batch.n, now, self.state, K.NO_ADDRESSES, self.up
+        )
         return batch.n_dest
 
     def receive_datagram(
@@ -623,7 +636,7 @@ class SwitchEngine:
         batch.n = 0
         batch.add(data, addr[0], addr[1])
         self.process(batch, now)
-        return Action(int(batch.action[0])), batch.results() + batch.upward(self.state)
+        return Action(int(batch.action[0])), batch.results() + batch.upward(self.uplinks)
 
     def receive_from_parent(
         self, job: Job, data: bytes, now: float = 0.0
@@ -633,7 +646,7 @@ class SwitchEngine:
         batch = self._single
         batch.n = 0
         batch.add(data, *job.parent)
-        batch.n_dest = K.uplink_batch(batch.packets, 1, now, self.state, job.index)
+        batch.n_dest = K.uplink_batch(batch.packets, 1, now, self.state, self.uplinks, job.index)
         return batch.results()
 
     def uplink_due(self, job: Job, now: float) -> list[tuple[bytes, tuple[int, int]]]:
@@ -643,14 +656,14 @@ class SwitchEngine:
         lens = np.zeros(16, np.int32)
         out, first = [], 0
         while True:
-            n, first = K.uplink_due(now, self.state, job.index, rows, lens, first)
+            n, first = K.uplink_due(now, self.state, self.uplinks, job.index, rows, lens, first)
             out += [(rows[i, : lens[i]].tobytes(), job.parent) for i in range(n)]
             if n < rows.shape[0]:
                 return out
 
     def uplink_deadline(self, job: Job) -> float:
         """When ``job``'s uplink timer next has work (inf: nothing up there)."""
-        return float(K.uplink_deadline(self.state, job.index))
+        return float(K.uplink_deadline(self.state, self.uplinks, job.index))
 
     @property
     def _single(self) -> Batch:

@@ -120,7 +120,7 @@ def find_worker(addr_keys, addr_vals, ip, port):
 
 
 @kernel
-def process_batch(pk, n, now, sw, row_addr):
+def process_batch(pk, n, now, sw, row_addr, up):
     """Apply docs/protocol.md §2 to rows ``0..n-1`` of the batch ``pk``
     (:class:`~swemu.core.state.Packets`) on the switch ``sw``
     (:class:`~swemu.core.state.SwitchState`); return the destination count.
@@ -153,6 +153,9 @@ def process_batch(pk, n, now, sw, row_addr):
     sh_i = sw.shard_index
     # the arrays of the job of the previous packet, made once per change of job
     cur_j = -1
+    upj = False  # the job has a parent (a child switch's, with up not None)
+    up_t = float64s_at(sw.pool_at.ctypes.data, 0)
+    up_s = int64s_at(sw.pool_at.ctypes.data, 0)
     # payload views by address (swemu.protocol.rawmem): no reference counting per packet
     buf_addr = rows.buf.ctypes.data
     buf_stride = rows.buf.strides[0]
@@ -232,10 +235,11 @@ def process_batch(pk, n, now, sw, row_addr):
             ex = int8s_at(pool_at[j, PoolArray.EXPS], 4 * pool)
             bm = words_at(pool_at[j, PoolArray.BITMAP], 2 * pool)
             cnt = int32s_at(pool_at[j, PoolArray.COUNT], 2 * pool)
-            up = sw.job_up_port[j] > 0  # a child switch's job: partial aggregates go up
-            held = pool if up else 0
-            up_t = float64s_at(pool_at[j, PoolArray.UP_TIMES], NT * held)
-            up_s = int64s_at(pool_at[j, PoolArray.UP_STATE], NS * held)
+            if up is not None:
+                upj = up.job_up_port[j] > 0  # partial aggregates go up
+                held = pool if upj else 0
+                up_t = float64s_at(pool_at[j, PoolArray.UP_TIMES], NT * held)
+                up_s = int64s_at(pool_at[j, PoolArray.UP_STATE], NS * held)
         me = np.uint32(1) << np.uint32(w)
         k = s * pool + local
         k_other = (1 - s) * pool + local
@@ -277,9 +281,12 @@ def process_batch(pk, n, now, sw, row_addr):
         if not retrans and not last:
             action[r] = Action.AGGREGATED
             continue
-        if retrans and (cnt[k] != 0 or (up and up_s[NS * local + UpState.SET] == s)):
-            # pending here, or the partial aggregate is up at the parent: the
-            # result will come (the uplink's timer resends toward the parent)
+        if retrans and cnt[k] != 0:
+            action[r] = Action.RETRANSMIT_PENDING
+            continue
+        if up is not None and retrans and upj and up_s[NS * local + UpState.SET] == s:
+            # the partial aggregate is up at the parent: the result will come
+            # (the uplink's timer resends toward the parent)
             action[r] = Action.RETRANSMIT_PENDING
             continue
         # build the result: header of the triggering packet, slot maxima and sums
@@ -310,9 +317,9 @@ def process_batch(pk, n, now, sw, row_addr):
             job_counters[j, JobCounter.BYTES_OUT] += plen
             continue
         worker_counters[j, w, WorkerCounter.LAST] += 1
-        if up:
+        if up is not None and upj:
             action[r] = Action.UPWARD
-            if _up_start(now, sw, j, up_t, up_s, local, s, read_tsi(row), row[1], rows.port[r]):
+            if _up_start(now, up, j, up_t, up_s, local, s, read_tsi(row), row[1], rows.port[r]):
                 pk.up_row[n_up] = r
                 n_up += 1
                 job_counters[j, JobCounter.UP_SENT] += 1
@@ -348,7 +355,7 @@ def process_batch(pk, n, now, sw, row_addr):
 
 
 @kernel(inline=True)
-def _up_start(now, sw, j, up_t, up_s, local, s, tsi, job_number, src_port):
+def _up_start(now, up, j, up_t, up_s, local, s, tsi, job_number, src_port):
     """Slot ``local`` of job ``j`` completed set ``s`` here: its partial
     aggregate goes up. Record what it is and start its timer (the worker's:
     the learned timeout, :func:`swemu.protocol.worker.kernels.timeout`); return
@@ -361,8 +368,8 @@ def _up_start(now, sw, j, up_t, up_s, local, s, tsi, job_number, src_port):
     up_s[st + UpState.JOB_NUMBER] = job_number
     up_s[st + UpState.TRIES] = 0
     up_s[st + UpState.SRC_PORT] = src_port
-    timing = sw.up_timing
-    rto0 = timeout(sw.up_rtt[j], timing[UpTiming.RTO_MIN], timing[UpTiming.RTO_MAX])
+    timing = up.up_timing
+    rto0 = timeout(up.up_rtt[j], timing[UpTiming.RTO_MIN], timing[UpTiming.RTO_MAX])
     up_t[tm + UpTime.RTO] = rto0
     if now < up_t[tm + UpTime.QUIET]:
         up_s[st + UpState.HELD] = 1
@@ -375,10 +382,10 @@ def _up_start(now, sw, j, up_t, up_s, local, s, tsi, job_number, src_port):
 
 
 @kernel
-def uplink_batch(pk, n, now, sw, j):
+def uplink_batch(pk, n, now, sw, up, j):
     """A child switch's uplink (docs/protocol.md §7): rows ``0..n-1`` of the
     batch ``pk`` are datagrams that came to job ``j``'s uplink socket. The
-    parent's (from ``job_up_ip[j]:job_up_port[j]``) result of a slot's partial
+    parent's (from ``up.job_up_ip[j]:up.job_up_port[j]``) result of a slot's partial
     aggregate -- the same set, ``tsi`` and ``job_number``, a well-formed packet
     of the job's size -- is taken: its sums and exponents replace the partial ones in the slot (the
     shadow copy that answers later retransmissions here), and the datagram
@@ -400,8 +407,8 @@ def uplink_batch(pk, n, now, sw, j):
     vals_addr = pool_at[j, PoolArray.VALUES]
     up_t = float64s_at(pool_at[j, PoolArray.UP_TIMES], NT * pool)
     up_s = int64s_at(pool_at[j, PoolArray.UP_STATE], NS * pool)
-    rtt = sw.up_rtt[j]
-    timing = sw.up_timing
+    rtt = up.up_rtt[j]
+    timing = up.up_timing
     buf_addr = rows.buf.ctypes.data
     buf_stride = rows.buf.strides[0]
     out_addr = pk.out_buf.ctypes.data
@@ -414,8 +421,8 @@ def uplink_batch(pk, n, now, sw, j):
         at = buf_addr + r * buf_stride
         row = bytes_at(at, HEADER_LEN)
         if (
-            rows.ip[r] != sw.job_up_ip[j]
-            or rows.port[r] != sw.job_up_port[j]
+            rows.ip[r] != up.job_up_ip[j]
+            or rows.port[r] != up.job_up_port[j]
             or rows.lens[r] != plen
             or row[0] != (MSG_TYPE << 4 | code)
             or pool == 0
@@ -497,7 +504,7 @@ def _down(pk, sw, j, r, plen, src_port, n_dest):
 
 
 @kernel
-def uplink_due(now, sw, j, out_buf, out_len, first):
+def uplink_due(now, sw, up, j, out_buf, out_len, first):
     """A child switch's uplink timer for job ``j`` (the worker's rules,
     ``swemu.protocol.worker.kernels``): from slot ``first`` on, build into the
     rows of ``out_buf`` (``out_len`` bytes each) the upward packets whose time
@@ -517,7 +524,7 @@ def uplink_due(now, sw, j, out_buf, out_len, first):
     vals_addr = pool_at[j, PoolArray.VALUES]
     up_t = float64s_at(pool_at[j, PoolArray.UP_TIMES], NT * pool)
     up_s = int64s_at(pool_at[j, PoolArray.UP_STATE], NS * pool)
-    timing = sw.up_timing
+    timing = up.up_timing
     guard = timing[UpTiming.GUARD]
     count = 0
     cap = out_buf.shape[0]
@@ -568,7 +575,7 @@ def uplink_due(now, sw, j, out_buf, out_len, first):
 
 
 @kernel
-def uplink_deadline(sw, j):
+def uplink_deadline(sw, up, j):
     """The earliest time :func:`uplink_due` has work for job ``j`` (inf: none)."""
     pool = sw.job_pool[j]
     if sw.shard_count > 1:

@@ -7,7 +7,8 @@ place):
 
 * :class:`SwitchState`: the engine's tables (:attr:`SwitchEngine.state`);
 * :class:`Packets`: one batch of received datagrams and the switch's answers
-  (:attr:`swemu.core.engine.Batch.packets`).
+  (:attr:`swemu.core.engine.Batch.packets`);
+* :class:`Uplinks`: a child switch's uplinks (:attr:`SwitchEngine.uplinks`).
 
 And the names of the tables' columns, as :class:`~enum.IntEnum` classes:
 compiled code uses their members as integer constants (``job_counters[j,
@@ -207,10 +208,17 @@ class SwitchState(NamedTuple):
     shard_count: int
     #: this one's index i: it holds the slots s with ``s % S == i``, at local index ``s // S``
     shard_index: int
-    #: uint32[J]: a child switch's parent for the job (docs/protocol.md §7), where the
-    #: partial aggregates go up (0: no uplink, the job's results go down)
+
+
+class Uplinks(NamedTuple):
+    """A child switch's uplinks (docs/protocol.md §7), per job entry j. The
+    kernels take this record on a switch with a parent, and None elsewhere:
+    Numba then compiles their uplink code out (a first run of a switch alone
+    compiles none of it)."""
+
+    #: uint32[J]: where the job's partial aggregates go up (its parent's data address)
     job_up_ip: np.ndarray
-    #: int32[J]: the parent's data port (0: no uplink)
+    #: int32[J]: the parent's data port (0: the job has no uplink, results go down)
     job_up_port: np.ndarray
     #: float64[J, Rtt]: the uplink's learned timer (swemu.protocol.worker.kernels.Rtt)
     up_rtt: np.ndarray
@@ -226,7 +234,7 @@ class Packets(NamedTuple):
     ``dest_row[k]`` (the result's row), ``dest_ip[k]``, ``dest_port[k]``,
     ``dest_worker[k]`` (the rank, for the faults on the way out). A child
     switch's partial aggregates going up are the rows ``up_row[:n_up[0]]`` of
-    ``out_buf`` (to their job's parent, ``SwitchState.job_up_ip``/``job_up_port``)."""
+    ``out_buf`` (to their job's parent, :class:`Uplinks`)."""
 
     rows: Rows
     action: np.ndarray

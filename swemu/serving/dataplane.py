@@ -206,7 +206,15 @@ class DataPlane:
         )
         # no serve slice while a delay queue exists (its due packets need the loop's timer)
         slice_s = SERVE_SLICE_MS / 1000.0 if self.queue.len.shape[0] == 0 else 0.0
-        self._serve = Serve(self._fast_stats, slice_s, SERVE_IDLE_MS, self._ts, self._pollfd)
+        self._serve = Serve(
+            self._fast_stats,
+            slice_s,
+            SERVE_IDLE_MS,
+            self._ts,
+            self._pollfd,
+            self.capacity,
+            MAX_BATCHES_PER_WAKEUP,
+        )
 
     def _receiver(self, zero_copy: bool) -> Receiver:
         """How the compiled paths read the socket now: through GRO's landing
@@ -288,7 +296,7 @@ class DataPlane:
         """Compile (or load) the kernels of :meth:`_drain_stepwise`."""
         if self._stepwise_ready:
             return
-        step(0.0, 0, self.io, self.engine.state, self._faulty())
+        step(0.0, 0, self.io, self.engine.state, self._faulty(), self.engine.up)
         if self.fast:
             self._receive_nothing()
             self._send_rows(0)  # nothing to send: returns at once, compiled
@@ -332,12 +340,17 @@ class DataPlane:
         """Compile (or load) the uplink's kernels, before any parent's result or
         timer needs them (a child switch calls this at start)."""
         eng = self.engine
+        up = eng.uplinks
         rx = self._receiver(False)
-        uplink_drain(-1, -1, 0, 0.0, rx, self._tx, self.io, eng.state, 0, None)
-        self._on_fault_flags()  # and the variant with fault stages, if faults act
-        switch_kernels.uplink_deadline(eng.state, 0)
-        switch_kernels.uplink_due(0.0, eng.state, 0, self._up_rows[:0], self._up_lens[:0], 0)
-        send_up(self._tx, self.io, eng.state, self._fast_stats)
+        uplink_drain(-1, -1, 0.0, rx, self._tx, self.io, eng.state, 0, None, up)
+        switch_kernels.uplink_deadline(eng.state, up, 0)
+        switch_kernels.uplink_due(0.0, eng.state, up, 0, self._up_rows[:0], self._up_lens[:0], 0)
+        send_up(self._tx, self.io, up, self._fast_stats)
+        if self.fast and self._tap is None:  # the drain's variant with uplinks
+            drain(-1, 0.0, rx, self._tx, self.io, eng.state, self._serve, self._faulty(), up)
+        else:
+            step(0.0, 0, self.io, eng.state, self._faulty(), up)
+        self._on_fault_flags()  # and the variants with fault stages, if faults act
 
     def _on_uplink(self, j: int) -> None:
         sock = self._uplinks.get(j)
@@ -347,7 +360,6 @@ class DataPlane:
             uplink_drain(
                 sock.fileno(),
                 self.sock.fileno(),
-                self.capacity,
                 self.loop.time(),
                 self._receiver(False),
                 self._tx,
@@ -355,6 +367,7 @@ class DataPlane:
                 self.engine.state,
                 j,
                 self._faulty(),
+                self.engine.uplinks,
             )
         else:
             self._uplink_stepwise(j, sock)
@@ -382,7 +395,9 @@ class DataPlane:
             if n == 0:
                 return
             now = self.loop.time()
-            nd = switch_kernels.uplink_batch(b.packets, n, now, self.engine.state, j)
+            nd = switch_kernels.uplink_batch(
+                b.packets, n, now, self.engine.state, self.engine.uplinks, j
+            )
             b.n, b.n_dest = n, nd
             if self.tap is not None:
                 self.tap(b, now)
@@ -404,9 +419,9 @@ class DataPlane:
         if b.n_up[0] == 0:
             return
         if self.fast:
-            send_up(self._tx, self.io, self.engine.state, self._fast_stats)
+            send_up(self._tx, self.io, self.engine.uplinks, self._fast_stats)
             return
-        st = self.engine.state
+        st = self.engine.uplinks
         for k in range(int(b.n_up[0])):
             r = int(b.up_row[k])
             j = int(b.out_job[r])
@@ -426,8 +441,8 @@ class DataPlane:
         """Wake up when the earliest upward packet is due (held or unanswered)."""
         if not self._uplinks:
             return
-        st = self.engine.state
-        due = min(switch_kernels.uplink_deadline(st, j) for j in self._uplinks)
+        st, up = self.engine.state, self.engine.uplinks
+        due = min(switch_kernels.uplink_deadline(st, up, j) for j in self._uplinks)
         if due == np.inf:
             return
         if self._up_timer is not None:
@@ -441,14 +456,14 @@ class DataPlane:
         self._up_timer = None
         self._up_due = np.inf
         now = self.loop.time()
-        st = self.engine.state
+        st, up = self.engine.state, self.engine.uplinks
         rows, lens = self._up_rows, self._up_lens
         stride = rows.strides[0]
         for j, sock in list(self._uplinks.items()):
             first = 0
             while True:
-                n, first = switch_kernels.uplink_due(now, st, j, rows, lens, first)
-                ip, port = int(st.job_up_ip[j]), int(st.job_up_port[j])
+                n, first = switch_kernels.uplink_due(now, st, up, j, rows, lens, first)
+                ip, port = int(up.job_up_ip[j]), int(up.job_up_port[j])
                 if self.fast and n:
                     out = self._up_sends
                     out.ptr[:n] = rows.ctypes.data + stride * np.arange(n)
@@ -502,8 +517,6 @@ class DataPlane:
     def _drain_fast(self) -> None:
         drain(
             self.sock.fileno(),
-            self.capacity,
-            MAX_BATCHES_PER_WAKEUP,
             self.loop.time(),
             self._receiver(True),
             self._tx,
@@ -511,6 +524,7 @@ class DataPlane:
             self.engine.state,
             self._serve,
             self._faulty(),
+            self.engine.up,
         )
         self._sync_stats()
 
@@ -548,7 +562,9 @@ class DataPlane:
             if n == 0:
                 break
             now = self.loop.time()
-            m, rows, dests = step(now, n, self.io, self.engine.state, self._faulty())
+            m, rows, dests = step(
+                now, n, self.io, self.engine.state, self._faulty(), self.engine.up
+            )
             if self.tap is not None:
                 b.n, b.n_dest = rows, dests
                 self.tap(b, now)
@@ -563,8 +579,6 @@ class DataPlane:
     def _echo(self) -> None:
         echo_drain(
             self.sock.fileno(),
-            self.capacity,
-            MAX_BATCHES_PER_WAKEUP,
             self._receiver(False),
             self._tx,
             self.batch.rows,

@@ -78,19 +78,22 @@ class BatchIO(NamedTuple):
 
 class Serve(NamedTuple):
     """A drain loop's own state: its counters (``stats``, :class:`LoopStat`),
-    its serve slice in seconds (0.0: none) and longest idle wait within it, and
-    the ``struct timespec`` (int64[2]) and ``struct pollfd`` (int32[2]) it
-    waits with."""
+    its serve slice in seconds (0.0: none) and longest idle wait within it, the
+    ``struct timespec`` (int64[2]) and ``struct pollfd`` (int32[2]) it waits
+    with, the datagrams it receives per batch (``cap``) and the batches it
+    handles before the event loop gets a turn (``max_batches``)."""
 
     stats: np.ndarray
     slice_s: float
     idle_ms: int
     ts: np.ndarray
     pollfd: np.ndarray
+    cap: int
+    max_batches: int
 
 
 @kernel(entry=False)
-def switch_batch(now, n, io, sw, row_addr, faulty):
+def switch_batch(now, n, io, sw, row_addr, faulty, up):
     """One received batch through the switch: injected duplicates, the §2
     kernel, then loss/delay/link rate on the way out. Returns ``(m, rows,
     dests)``: the packets that leave now (the first ``m`` of ``io.sends``), the
@@ -104,7 +107,8 @@ def switch_batch(now, n, io, sw, row_addr, faulty):
     its own: Numba compiles a variant without the fault stages (the branches on
     it are pruned before typing), and the variant with them only when faults
     are first configured (:func:`compile_fault_stages`); a first run compiles
-    a third less. Loss on the way in is the kernel's own, in both."""
+    a third less. Loss on the way in is the kernel's own, in both. ``up``: a
+    child switch's uplinks, or None (see :func:`swemu.core.kernels.process_batch`)."""
     pk = io.packets
     if faulty is not None and faulty[FaultFlag.DUPLICATE]:
         if row_addr.shape[0] > 0:
@@ -117,7 +121,7 @@ def switch_batch(now, n, io, sw, row_addr, faulty):
                     dst[b] = src[b]
             row_addr = row_addr[:0]
         n = faults_mod.duplicate_rows(pk.rows, n, sw)
-    nd = process_batch(pk, n, now, sw, row_addr)
+    nd = process_batch(pk, n, now, sw, row_addr, up)
     if faulty is None:
         return faults_mod.leave_now(nd, pk, io.sends), n, nd
     m = faults_mod.egress(
@@ -127,7 +131,7 @@ def switch_batch(now, n, io, sw, row_addr, faulty):
 
 
 @kernel
-def send_up(tx, io, sw, stats):
+def send_up(tx, io, up, stats):
     """Send the batch's partial aggregates going up (``io.packets.up_row``),
     each from its job's uplink socket to its job's parent, grouped by job.
     Returns how many the kernel took."""
@@ -151,8 +155,8 @@ def send_up(tx, io, sw, stats):
                 continue
             ups.ptr[m] = base + stride * r
             ups.len[m] = pk.out_len[r]
-            ups.ip[m] = sw.job_up_ip[j]
-            ups.port[m] = sw.job_up_port[j]
+            ups.ip[m] = up.job_up_ip[j]
+            ups.port[m] = up.job_up_port[j]
             pk.up_row[k] = -1
             m += 1
         if io.up_fd[j] >= 0:
@@ -166,22 +170,23 @@ def send_up(tx, io, sw, stats):
 
 
 @kernel
-def uplink_drain(up_fd, fd, cap, now, rx, tx, io, sw, j, faulty):
+def uplink_drain(up_fd, fd, now, rx, tx, io, sw, j, faulty, up):
     """A child switch's uplink socket ``up_fd`` of job ``j``: receive what its
     parent sent (``rx``, into ``io``'s rows), take the results
     (:func:`swemu.core.kernels.uplink_batch`) and send them down to the
     members from the data-plane socket ``fd`` (through the same fault stages
     as the results of :func:`drain`), until the socket is empty. Returns the
     datagrams received."""
-    rx, tx, io, sw = unowned((rx, tx, io, sw))
+    rx, tx, io, sw, up = unowned((rx, tx, io, sw, up))
     pk = io.packets
+    cap = pk.rows.buf.shape[0] // 2  # (the other half of the rows: injected duplicates)
     total = 0
     while True:
         n, more = fastio.receive(up_fd, cap, pk.rows, rx)
         if n == 0:
             return total
         total += n
-        nd = uplink_batch(pk, n, now, sw, j)
+        nd = uplink_batch(pk, n, now, sw, up, j)
         if faulty is None:
             m = faults_mod.leave_now(nd, pk, io.sends)
         else:
@@ -205,10 +210,10 @@ def send_due(now, fd, tx, io, stats):
 
 
 @kernel
-def step(now, n, io, sw, faulty):
+def step(now, n, io, sw, faulty, up):
     """:func:`switch_batch` for rows ``0..n-1`` of ``io``'s batch, from Python
     (the stepwise path); returns ``(m, rows, dests)`` as it does."""
-    return switch_batch(now, n, io, sw, np.zeros(0, np.int64), faulty)
+    return switch_batch(now, n, io, sw, np.zeros(0, np.int64), faulty, up)
 
 
 def compile_fault_stages(dispatcher: Dispatcher, flags: np.ndarray) -> None:
@@ -260,13 +265,15 @@ def _slice_next(fd, more, t_end, serve):
 
 
 @kernel
-def drain(fd, cap, max_batches, now, rx, tx, io, sw, serve, faulty):
+def drain(fd, now, rx, tx, io, sw, serve, faulty, up):
     """The whole per-packet path in compiled code: send what the delay queue
     holds that is due, then repeatedly receive a batch of up to ``cap``
     datagrams (``rx``, :class:`~swemu.protocol.fastio.Receiver`, into
     ``io``'s rows, or read where GRO landed them), run it through the switch
-    ``sw`` (:func:`switch_batch`) and send the results (``tx``), until the
-    socket is empty or after ``max_batches`` (to let the event loop breathe);
+    ``sw`` (:func:`switch_batch`) and send the results (``tx``; a child
+    switch's partial aggregates from their uplinks, :func:`send_up`, when
+    ``up`` is not None), until the socket is empty or after ``serve.max_batches``
+    (to let the event loop breathe);
     then the same again within a serve slice (:func:`_slice_next`). Returns the
     datagrams received. ``faulty``: see :func:`switch_batch` (without faults
     there is no delay queue either).
@@ -276,6 +283,7 @@ def drain(fd, cap, max_batches, now, rx, tx, io, sw, serve, faulty):
     two atomic count updates each, per batch."""
     rx, tx, io, sw, serve = unowned((rx, tx, io, sw, serve))
     stats = serve.stats
+    cap = serve.cap
     rows = io.packets.rows
     # with GRO in zero-copy mode the datagrams stay where the kernel landed them
     landed = rx.landing.addr
@@ -285,15 +293,15 @@ def drain(fd, cap, max_batches, now, rx, tx, io, sw, serve, faulty):
         if faulty is not None:
             send_due(now, fd, tx, io, stats)
         more = False
-        for _ in range(max_batches):
+        for _ in range(serve.max_batches):
             n, more = fastio.receive(fd, cap, rows, rx)
             if n == 0:
                 break
             row_addr = landed if rx.gro else landed[:0]
-            m, _, _ = switch_batch(now, n, io, sw, row_addr, unowned(faulty))
+            m, _, _ = switch_batch(now, n, io, sw, row_addr, unowned(faulty), unowned(up))
             sent = fastio.send_batch_gso(fd, tx, m, io.sends)
-            if io.packets.n_up[0] > 0:
-                send_up(tx, io, sw, stats)
+            if up is not None and io.packets.n_up[0] > 0:
+                send_up(tx, io, unowned(up), stats)
             stats[LoopStat.BATCHES] += 1
             stats[LoopStat.PACKETS] += n
             stats[LoopStat.SENT] += sent
@@ -307,7 +315,7 @@ def drain(fd, cap, max_batches, now, rx, tx, io, sw, serve, faulty):
 
 
 @kernel
-def echo_drain(fd, cap, max_batches, rx, tx, rows, sends, serve):
+def echo_drain(fd, rx, tx, rows, sends, serve):
     """:func:`drain` with the switch replaced by an echo: every datagram goes
     back to its sender, from the rows it was received (or copied) into
     (``rows``, :class:`~swemu.protocol.fastio.Rows`), through the send list
@@ -316,6 +324,7 @@ def echo_drain(fd, cap, max_batches, rx, tx, rows, sends, serve):
     the cost of moving packets."""
     rx, tx, rows, sends, serve = unowned((rx, tx, rows, sends, serve))
     stats = serve.stats
+    cap = serve.cap
     base = rows.buf.ctypes.data
     stride = rows.buf.strides[0]
     back = Sends(sends.ptr, sends.len, rows.ip, rows.port)
@@ -323,7 +332,7 @@ def echo_drain(fd, cap, max_batches, rx, tx, rows, sends, serve):
     t_end = _slice_end(serve.slice_s, serve.ts)
     while True:
         more = False
-        for _ in range(max_batches):
+        for _ in range(serve.max_batches):
             n, more = fastio.receive(fd, cap, rows, rx)
             if n == 0:
                 break
