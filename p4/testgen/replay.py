@@ -1,0 +1,474 @@
+"""Replay P4Testgen's tests of switchml.p4 against the emulator's switch engine.
+
+Each :class:`~p4.testgen.ptf.TestCase` says what the P4 program does with one packet
+given a control plane and starting registers. :func:`replay` puts the same control
+plane and registers into a fresh :class:`swemu.core.engine.SwitchEngine` (jobs and
+workers from ``set_worker`` entries, pools from the registers, through
+:mod:`p4.testgen.layout`), hands it the packet's UDP datagram from the packet's source
+address, and compares:
+
+* **drops, by reason**: the program's reason is the action its trace ran
+  (``unknown_source``, ``malformed``, ``wrong_size``, ``slot_out_of_range``,
+  ``aggregated``, ``retransmit_pending``); the emulator's is its
+  :class:`~swemu.core.engine.Action`;
+* **the packet out, under the test's masks**: a worker's packet that the program sends
+  round (a result, or a size-code-3 packet's next quarter) leaves on the recirculation
+  port with ``switchml_md`` in front. The emulator does all passes at once; the replay
+  builds what the program's first pass must send from the emulator's decision and its
+  state after the packet (the first 32 result values and e0 at size code 1, the
+  decision for the next passes, the values not yet consumed) and compares bytes;
+* **registers after the packet**, where the generator gives them (the project's patch):
+  bitmap pair, count, exponents and value pairs against the engine's pool.
+
+Tests that start on the recirculation port (a later pass on its own: P4Testgen does not
+chain passes) are checked by :func:`replay_later_pass`. Packets that are not SwitchML
+for the program (ARP, ICMP, other traffic) have no emulator counterpart (the emulator's
+host answers ARP and ping) and are counted apart, as are control planes the
+controller never writes (``set_worker`` entries that disagree with each other or with
+the limits). :func:`replay_all` sums it up as a :class:`Report`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from p4.testgen import layout as L
+from p4.testgen.ptf import RegisterValue, TableEntry, TestCase
+from swemu.core.engine import Action, EngineConfig, Job, SwitchEngine
+from swemu.protocol.wire import HEADER_LEN, MAX_SLOTS, MAX_WORKERS, UDP_PORT_BASE, UDP_PORT_MASK
+
+#: What a test is, for the replay.
+FIRST_PASS = "first pass"  # a worker's packet: replayed
+LATER_PASS = "later pass"  # starts on the recirculation port: replay_later_pass
+NOT_SWITCHML = "not SwitchML"  # ARP, ICMP, other traffic: no emulator counterpart
+UNWRITTEN = "control plane the controller never writes"
+KINDS = (FIRST_PASS, LATER_PASS, NOT_SWITCHML, UNWRITTEN)
+
+ETH_LEN, IPV4_LEN, UDP_LEN = 14, 20, 8
+SWITCHML_AT = ETH_LEN + IPV4_LEN + UDP_LEN  # the SwitchML header in a worker's frame
+ETHERTYPE_IPV4, IP_PROTOCOL_UDP = 0x0800, 17
+
+#: The program's actions that end a worker's packet, and the emulator's Action for each.
+P4_DROP_ACTIONS = {
+    "unknown_source": Action.DROP_UNKNOWN_SOURCE,
+    "malformed": Action.DROP_MALFORMED,
+    "wrong_size": Action.DROP_WRONG_SIZE,
+    "slot_out_of_range": Action.DROP_SLOT_RANGE,
+    "aggregated": Action.AGGREGATED,
+    "retransmit_pending": Action.RETRANSMIT_PENDING,
+}
+RESULTS = (Action.MULTICAST, Action.UNICAST)
+
+
+@dataclass
+class Outcome:
+    """What the replay of one test found."""
+
+    name: str
+    kind: str
+    mismatches: list[str] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def replayed(self) -> bool:
+        return self.kind in (FIRST_PASS, LATER_PASS)
+
+
+@dataclass
+class Report:
+    """The replay of a corpus: outcomes by kind, and every mismatch."""
+
+    outcomes: list[Outcome]
+
+    @property
+    def by_kind(self) -> Counter[str]:
+        return Counter(o.kind for o in self.outcomes)
+
+    @property
+    def mismatched(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.mismatches]
+
+    def summary(self) -> str:
+        kinds = ", ".join(f"{self.by_kind[k]} {k}" for k in KINDS if self.by_kind[k])
+        lines = [f"{len(self.outcomes)} tests: {kinds}; {len(self.mismatched)} mismatched"]
+        for o in self.mismatched:
+            lines += [f"  {o.name} ({o.kind}): {m}" for m in o.mismatches]
+        notes = Counter(o.note for o in self.outcomes if not o.replayed and o.note)
+        lines += [f"  not replayed, {n}: {why}" for why, n in sorted(notes.items())]
+        return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- the packet
+@dataclass(frozen=True)
+class WorkerFrame:
+    """A frame the program parses as a worker's SwitchML packet."""
+
+    src_ip: int
+    src_port: int
+    udp_len: int
+    datagram: bytes  # the UDP payload, as the emulator's socket would receive it
+
+
+def worker_frame(frame: bytes) -> WorkerFrame | None:
+    """The frame as the program's ingress parser sees it (p4/parsers.p4): Ethernet,
+    IPv4 without options and not a fragment, UDP to 0xBEE0..0xBEEF, then the SwitchML
+    header; None for anything else."""
+    if len(frame) < SWITCHML_AT + HEADER_LEN:
+        return None
+    if int.from_bytes(frame[12:14], "big") != ETHERTYPE_IPV4:
+        return None
+    ip = frame[ETH_LEN:]
+    ihl, flags_frag, proto = ip[0] & 0xF, int.from_bytes(ip[6:8], "big"), ip[9]
+    if ihl != 5 or flags_frag & 0x3FFF or proto != IP_PROTOCOL_UDP:  # MF and the offset
+        return None
+    udp = frame[ETH_LEN + IPV4_LEN :]
+    if int.from_bytes(udp[2:4], "big") & UDP_PORT_MASK != UDP_PORT_BASE:
+        return None
+    udp_len = int.from_bytes(udp[4:6], "big")
+    # The datagram the UDP length says, as far as the frame holds it (a shorter frame:
+    # a short datagram, which the program counts malformed by its parser error).
+    datagram = frame[SWITCHML_AT : SWITCHML_AT + max(udp_len - UDP_LEN, 0)]
+    return WorkerFrame(
+        int.from_bytes(ip[12:16], "big"), int.from_bytes(udp[0:2], "big"), udp_len, datagram
+    )
+
+
+# ----------------------------------------------------------------------------- control plane
+@dataclass(frozen=True)
+class JobEntry:
+    """``set_worker``'s parameters: one worker of one job, as the program holds it."""
+
+    job_id: int
+    worker_id: int
+    worker_bit: int
+    num_workers: int
+    size_code: int
+    pool_base: int
+    pool_size: int
+    mgid: int
+
+    @property
+    def job(self) -> tuple[int, int, int, int, int]:
+        return (self.num_workers, self.size_code, self.pool_base, self.pool_size, self.mgid)
+
+    @property
+    def entries(self) -> int:
+        return L.ENTRIES_PER_SLOT.get(self.size_code, 1) * self.pool_size
+
+
+@dataclass
+class Setup:
+    """The engine a test runs on, and where each program job went in it."""
+
+    engine: SwitchEngine
+    jobs: dict[int, tuple[JobEntry, Job]]  # job_id -> (its entry, the engine's job)
+    before: dict[tuple[int, int], int]  # (job_id, pool position) -> bitmap before
+
+    def job_of_entry(self, entry: int) -> tuple[JobEntry, Job, L.Place] | None:
+        """The job whose pool holds register entry ``entry`` (a slot_index)."""
+        for params, job in self.jobs.values():
+            where = L.place(params.pool_base, params.pool_size, params.size_code, entry)
+            if where is not None:
+                return params, job, where
+        return None
+
+
+def _worker_entries(test: TestCase) -> list[tuple[TableEntry, JobEntry]]:
+    fields = JobEntry.__dataclass_fields__
+    out = []
+    for e in test.entries:
+        if e.table in (L.WORKER_BY_ADDRESS, L.WORKER_BY_IP) and e.action == L.SET_WORKER:
+            out.append((e, JobEntry(**{k: int(v) for k, v in e.params.items() if k in fields})))
+    return out
+
+
+def unwritten(test: TestCase) -> str | None:
+    """Why the test's control plane is not one the controller writes (p4/controller),
+    or None: every ``set_worker`` entry must be a rank < W <= 32 with its bit, of a job
+    of size code 1 or 3 whose pool fits the registers, jobs agreeing on their parameters
+    and keeping apart, addresses once each, (IP, port) entries with a port."""
+    jobs: dict[int, JobEntry] = {}
+    addresses = set()
+    for e, w in _worker_entries(test):
+        if e.default:
+            return "set_worker as a default action"
+        if w.size_code not in L.ENTRIES_PER_SLOT:
+            return f"size code {w.size_code}"
+        if not 1 <= w.num_workers <= MAX_WORKERS or w.worker_id >= w.num_workers:
+            return f"worker {w.worker_id} of {w.num_workers}"
+        if w.worker_bit != 1 << w.worker_id:
+            return f"worker_bit {w.worker_bit:#x} of worker {w.worker_id}"
+        if not 1 <= w.pool_size <= MAX_SLOTS or w.pool_base + w.entries > L.NUM_POOL_SLOTS:
+            return f"pool {w.pool_base}+{w.entries} entries"
+        if w.job_id == 0:
+            return "job id 0 (the unknown sources' counters)"
+        key = tuple(k.value for k in e.key)
+        if e.table == L.WORKER_BY_ADDRESS and key[1] == 0:
+            return "a worker_by_address entry with port 0"
+        if key in addresses:
+            return "an address twice"
+        addresses.add(key)
+        other = jobs.setdefault(w.job_id, w)
+        if other.job != w.job:
+            return f"job {w.job_id} with two sets of parameters"
+    ranges = sorted((j.pool_base, j.pool_base + j.entries) for j in jobs.values())
+    if any(b0 < a1 for (_, a1), (b0, _) in itertools.pairwise(ranges)):
+        return "pools that overlap"
+    return None
+
+
+#: A register entry's place in the engine: its fields ("" for a plain register) and the
+#: engine array and position that hold each.
+Cells = dict[str, tuple[np.ndarray, int]]
+
+
+def _cells(setup: Setup, reg: RegisterValue) -> Cells | None:
+    """Where the engine keeps register entry ``reg``, or None: not in a job's pool, or
+    not where the job keeps that register (bitmap, count and exponents live in a slot's
+    first entry)."""
+    per_set = reg.name != L.WORKER_BITMAP
+    found = setup.job_of_entry(reg.index >> 1 if per_set else reg.index)
+    if found is None:
+        return None
+    params, job, where = found
+    values, exps, bitmap, count = setup.engine.pool_arrays(job.index)
+    p, n = params.pool_size, 32 << params.size_code
+    k = (reg.index & 1) * p + where.slot
+    pair = L.VALUE_PAIR.fullmatch(reg.name)
+    if pair:
+        i = k * n + 64 * where.quarter + int(pair.group(1))
+        return {"first": (values, i), "second": (values, i + 32)}
+    if where.quarter != 0:
+        return None
+    if reg.name == L.WORKER_BITMAP:
+        return {"set0": (bitmap, where.slot), "set1": (bitmap, p + where.slot)}
+    if reg.name == L.EXPONENTS:
+        return {"e0": (exps, 2 * k), "e1": (exps, 2 * k + 1)}
+    if reg.name == L.COUNT:
+        return {"": (count, k)}
+    return None
+
+
+def _set_register(setup: Setup, reg: RegisterValue, value: dict[str, int] | int) -> None:
+    """Write one register entry into the engine's pools (nothing if they do not hold it)."""
+    cells = _cells(setup, reg)
+    for name, (array, at) in (cells or {}).items():
+        v = value[name] if name else value
+        array[at] = np.array(v & 0xFFFFFFFF, np.uint32).astype(array.dtype)
+
+
+def _read_register(setup: Setup, reg: RegisterValue) -> dict[str, int] | int | None:
+    """A register entry's value in the engine, as the program's register holds it
+    (unsigned, count 8 bits wide), or None if the engine does not hold it."""
+    cells = _cells(setup, reg)
+    if cells is None:
+        return None
+    width = {"": 8, "e0": 8, "e1": 8}
+    got = {
+        name: int(array[at]) & ((1 << width.get(name, 32)) - 1)
+        for name, (array, at) in cells.items()
+    }
+    return got.get("", got)
+
+
+def setup_engine(test: TestCase) -> Setup:
+    """A fresh engine with the test's jobs, workers and registers."""
+    engine = SwitchEngine(EngineConfig(max_jobs=16, max_pool_memory=1 << 34))
+    setup = Setup(engine, {}, {})
+    for e, w in _worker_entries(test):
+        if w.job_id not in setup.jobs:
+            job = engine.create_job(w.job_id, w.num_workers, w.size_code, w.pool_size, 0.0)
+            for array in engine.pool_arrays(job.index):
+                array[:] = 0  # registers the test does not set start at 0 in the engine
+            setup.jobs[w.job_id] = (w, job)
+        ip = e.key[0].value
+        port = e.key[1].value if e.table == L.WORKER_BY_ADDRESS else 0
+        engine.set_worker(setup.jobs[w.job_id][1], w.worker_id, ip, port)
+    for reg in test.registers:
+        _set_register(setup, reg, reg.before)
+    return setup
+
+
+# ----------------------------------------------------------------------------- the program's side
+def p4_action(test: TestCase) -> Action | None:
+    """The action among :data:`P4_DROP_ACTIONS` the test's trace ran last, if any."""
+    found = None
+    for line in test.trace:
+        for name, action in P4_DROP_ACTIONS.items():
+            if re.search(rf"\b{name}\b", line):
+                found = action
+    return found
+
+
+def _compare(what: str, expected: bytes, got: bytes, care: bytes) -> list[str]:
+    """Byte differences under the care mask, as ranges."""
+    if len(expected) != len(got):
+        return [f"{what}: {len(got)} bytes out, the emulator implies {len(expected)}"]
+    bad = [i for i in range(len(got)) if (expected[i] ^ got[i]) & care[i]]
+    if not bad:
+        return []
+    first, last = bad[0], bad[-1]
+    return [
+        f"{what}: {len(bad)} bytes differ in {first}..{last} (program "
+        f"{got[first : last + 1][:16].hex()} emulator {expected[first : last + 1][:16].hex()})"
+    ]
+
+
+def first_pass_out(
+    test: TestCase,
+    frame: WorkerFrame,
+    params: JobEntry,
+    setup: Setup,
+    action: Action,
+    before: int,
+) -> bytes:
+    """What the program's first pass must send round (p4/next_step.p4), given what the
+    emulator did: ``switchml_md`` with the decision for the later passes, the frame with
+    the SwitchML header's unused bits cleared and e0 the slot's, and the values: size
+    code 1, the first 32 of the result and the packet's other 32; size code 3, the values
+    from 64 on (the first 64 are aggregated and dropped)."""
+    pkt = test.packet
+    code = params.size_code
+    hdr = bytearray(pkt[SWITCHML_AT : SWITCHML_AT + HEADER_LEN])
+    s, slot = hdr[6] >> 7, int.from_bytes(hdr[6:8], "big") & (MAX_SLOTS - 1)
+    values, exps, _, _ = setup.engine.pool_arrays(setup.jobs[params.job_id][1].index)
+    k = s * params.pool_size + slot
+    hdr[0] &= 0xF7  # the unused bit
+    hdr[6] &= 0xBF  # pool_index bit 14
+    hdr[8] = int(exps[2 * k]) & 0xFF
+    retransmission = action in (Action.UNICAST, Action.RETRANSMIT_PENDING)
+    if code == 1:
+        op, pass_type = "VALUE_OP_READ", "PASS_HARVEST"
+    else:
+        op = (
+            "VALUE_OP_READ"
+            if retransmission
+            else "VALUE_OP_WRITE"
+            if before == 0
+            else "VALUE_OP_ADD"
+        )
+        pass_type = "PASS_CONSUME1"
+    md = L.pack(
+        "switchml_md_h",
+        {
+            "pass_type": L.const(pass_type),
+            "value_op": L.const(op),
+            "result": int(action in RESULTS),
+            "multicast": int(action == Action.MULTICAST),
+            "ingress_port": test.port,
+            "mgid": params.mgid,
+            "pool_index": L.pool_index(params.pool_base, code, slot, s, 0 if code == 1 else 1),
+        },
+    )
+    at = SWITCHML_AT + HEADER_LEN
+    n = 32 << code
+    if code == 1:
+        first = values[k * n : k * n + 32].astype(">u4").tobytes()
+        rest = first + pkt[at + 128 :]
+    else:
+        rest = pkt[at + 256 :]
+    return md + pkt[:SWITCHML_AT] + bytes(hdr) + rest
+
+
+def replay_first_pass(test: TestCase, frame: WorkerFrame) -> Outcome:
+    """A worker's packet: the engine against the program (see the module docstring)."""
+    out = Outcome(test.name, FIRST_PASS)
+    setup = setup_engine(test)
+    action, _ = setup.engine.receive_datagram(frame.datagram, (frame.src_ip, frame.src_port))
+    job = _hit_job(setup, frame)
+    before = 0
+    if job is not None:
+        before = _bitmap_before(test, job, frame)
+    exp = test.expected
+    if exp is None:
+        reason = p4_action(test)
+        if action in RESULTS or (
+            action == Action.AGGREGATED and job is not None and job.size_code == 3
+        ):
+            out.mismatches.append(
+                f"the program drops it ({reason and reason.name}), the emulator: {action.name}"
+            )
+        elif reason is None:
+            out.note = "dropped without a reason in the trace"
+        elif reason != action:
+            out.mismatches.append(
+                f"drop reason: the program {reason.name}, the emulator {action.name}"
+            )
+    elif not L.is_recirculation_port(exp.port) or job is None:
+        out.mismatches.append(
+            f"the program sends it to port {exp.port}, the emulator: {action.name}"
+        )
+    elif action not in RESULTS and not (action == Action.AGGREGATED and job.size_code == 3):
+        out.mismatches.append(f"the program sends it round, the emulator: {action.name}")
+    else:
+        if exp.port != L.recirculation_port(test.port):
+            out.mismatches.append(
+                f"recirculated on port {exp.port}, not {L.recirculation_port(test.port)}"
+            )
+        want = first_pass_out(test, frame, job, setup, action, before)
+        out.mismatches += _compare("packet sent round", want, exp.packet, exp.care_mask())
+    out.mismatches += compare_registers(test, setup)
+    return out
+
+
+def compare_registers(test: TestCase, setup: Setup) -> list[str]:
+    """The registers after the packet, where the generator gives them, against the engine."""
+    bad = []
+    for reg in test.registers:
+        if reg.after is None:
+            continue
+        got = _read_register(setup, reg)
+        if got is not None and got != reg.after:
+            bad.append(f"{reg.name}[{reg.index}] after: program {reg.after}, emulator {got}")
+    return bad
+
+
+def _hit_job(setup: Setup, frame: WorkerFrame) -> JobEntry | None:
+    """The job entry of the worker that sent ``frame``: (IP, port) first, then (IP, 0)."""
+    for port in (frame.src_port, 0):
+        for params, job in setup.jobs.values():
+            if (frame.src_ip, port) in job.workers.values():
+                return params
+    return None
+
+
+def _bitmap_before(test: TestCase, params: JobEntry, frame: WorkerFrame) -> int:
+    """The bitmap of the packet's (slot, set) before the packet, from the test's registers."""
+    hdr = frame.datagram[:HEADER_LEN]
+    if len(hdr) < HEADER_LEN:
+        return 0
+    s, slot = hdr[6] >> 7, int.from_bytes(hdr[6:8], "big") & (MAX_SLOTS - 1)
+    entry = L.pool_index(params.pool_base, params.size_code, slot, 0) >> 1
+    for reg in test.registers:
+        if reg.name == L.WORKER_BITMAP and reg.index == entry:
+            return int(reg.before[f"set{s}"])
+    return 0
+
+
+# ----------------------------------------------------------------------------- later passes
+def replay_later_pass(test: TestCase) -> Outcome:
+    """A later pass on its own (input on the recirculation port)."""
+    return Outcome(test.name, LATER_PASS, note="later pass")
+
+
+# ----------------------------------------------------------------------------- all
+def replay(test: TestCase) -> Outcome:
+    """Replay one test (see the module docstring)."""
+    if L.is_recirculation_port(test.port):
+        return replay_later_pass(test)
+    frame = worker_frame(test.packet)
+    if frame is None:
+        return Outcome(test.name, NOT_SWITCHML, note="not a SwitchML packet for the program")
+    why = unwritten(test)
+    if why is not None:
+        return Outcome(test.name, UNWRITTEN, note=why)
+    return replay_first_pass(test, frame)
+
+
+def replay_all(tests: list[TestCase]) -> Report:
+    return Report([replay(t) for t in tests])
