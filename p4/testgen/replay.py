@@ -38,8 +38,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from p4.testgen import layout as L
-from p4.testgen.ptf import RegisterValue, TableEntry, TestCase
+from p4.testgen.ptf import KeyField, RegisterValue, TableEntry, TestCase
 from swemu.core.engine import Action, EngineConfig, Job, SwitchEngine
+from swemu.protocol import wire
 from swemu.protocol.wire import HEADER_LEN, MAX_SLOTS, MAX_WORKERS, UDP_PORT_BASE, UDP_PORT_MASK
 
 #: What a test is, for the replay.
@@ -451,9 +452,134 @@ def _bitmap_before(test: TestCase, params: JobEntry, frame: WorkerFrame) -> int:
 
 
 # ----------------------------------------------------------------------------- later passes
+#: The later passes, by pass type: the quarter of the slot each reads or writes, and
+#: which half of its value pairs a collect pass reads ("first"/"second"; None: consume).
+LATER_PASSES = {
+    "PASS_HARVEST": (0, "second"),
+    "PASS_CONSUME1": (1, None),
+    "PASS_CONSUME2": (2, None),
+    "PASS_CONSUME3": (3, None),
+    **{f"PASS_COLLECT_{q}_{h.upper()}": (q, h) for q in range(4) for h in ("first", "second")},
+}
+
+
+def _ipv4_checksum(header: bytes) -> int:
+    words = sum(int.from_bytes(header[i : i + 2], "big") for i in range(0, 20, 2) if i != 10)
+    while words >> 16:
+        words = (words & 0xFFFF) + (words >> 16)
+    return ~words & 0xFFFF
+
+
+def to_sender(frame: bytes) -> bytes:
+    """Ethernet / IPv4 / UDP of a result back to the worker that triggered it (p4/result.p4
+    ``to_sender``): addresses and ports swapped, the IPv4 checksum recomputed, no UDP
+    checksum; the rest of ``frame`` as it is."""
+    eth, ip, udp = (
+        frame[:ETH_LEN],
+        bytearray(frame[ETH_LEN : SWITCHML_AT - UDP_LEN]),
+        bytearray(frame[SWITCHML_AT - UDP_LEN : SWITCHML_AT]),
+    )
+    ip[12:16], ip[16:20] = ip[16:20], ip[12:16]
+    ip[10:12] = _ipv4_checksum(bytes(ip)).to_bytes(2, "big")
+    udp[0:2], udp[2:4] = udp[2:4], udp[0:2]
+    udp[6:8] = b"\0\0"
+    return eth[6:12] + eth[0:6] + eth[12:14] + bytes(ip) + bytes(udp) + frame[SWITCHML_AT:]
+
+
 def replay_later_pass(test: TestCase) -> Outcome:
-    """A later pass on its own (input on the recirculation port)."""
-    return Outcome(test.name, LATER_PASS, note="later pass")
+    """A later pass on its own (P4Testgen does not chain passes: the test starts on the
+    recirculation port with ``switchml_md`` in front and registers as the solver chose
+    them). The pass's register entry becomes slot 0 of a one-slot job of two workers in
+    the engine (the entry ``pool_index >> 1`` the pass's quarter of it), the triggering
+    worker worker 0 at the frame's source address; then
+
+    * a harvest or collect pass reads one half of the quarter's 32 value pairs (and the
+      last one e1): the engine answers worker 0's retransmission into the complete slot
+      (unicast), and the half the program put into the packet must be the result's;
+      a harvest to the sender must leave as :func:`to_sender` of the packet with e1 and
+      the second 32 values from the result;
+    * a consume pass writes, adds or only reads (``value_op``) its quarter: the engine
+      gets worker 0's packet with that quarter's values into a slot released (write),
+      holding worker 1's contribution (add) or worker 0's (read), and the value pairs
+      after it must be the program's;
+    * a result the program hands to the multicast group is a drop for P4Testgen (it does
+      not model multicast): counted, not compared.
+    """
+    out = Outcome(test.name, LATER_PASS)
+    md_len = L.header_bytes("switchml_md_h")
+    md = L.unpack("switchml_md_h", test.packet)
+    names = {L.const(name): name for name in LATER_PASSES}
+    pass_name = names.get(md["pass_type"])
+    frame = test.packet[md_len:]
+    if pass_name is None or len(frame) < SWITCHML_AT + HEADER_LEN:
+        out.note = "a pass no first pass sends"
+        return out
+    quarter, half = LATER_PASSES[pass_name]
+    entry, s = md["pool_index"] >> 1, md["pool_index"] & 1
+    sent = (md["result"], md["multicast"])
+    valid = {(1, 0), (1, 1)} if half is not None else {(0, 0), (1, 0), (1, 1)}
+    if sent not in valid or entry < quarter:
+        out.note = "a pass no first pass sends"
+        return out
+    code = 1 if pass_name == "PASS_HARVEST" else 3
+    src_ip = int.from_bytes(frame[ETH_LEN + 12 : ETH_LEN + 16], "big")
+    src_port = int.from_bytes(frame[SWITCHML_AT - UDP_LEN : SWITCHML_AT - UDP_LEN + 2], "big")
+    params = JobEntry(1, 0, 1, 2, code, entry - quarter, 1, md["mgid"])
+    key = [KeyField("hdr.ipv4.src_addr", src_ip), KeyField("hdr.udp.src_port", src_port)]
+    worker = TableEntry(L.WORKER_BY_ADDRESS, L.SET_WORKER, vars(params).copy(), key)
+    if src_port == 0:
+        worker = TableEntry(L.WORKER_BY_IP, L.SET_WORKER, vars(params).copy(), key[:1])
+    synthetic = TestCase(test.name, test.port, test.packet, [worker], test.registers)
+    setup = setup_engine(synthetic)
+    _, _, bitmap, count = setup.engine.pool_arrays(setup.jobs[1][1].index)
+    n = 32 << code
+    values = np.zeros(n, np.int32)
+    if half is not None:  # a read: the slot is complete, worker 0 retransmits
+        bitmap[s], count[s] = 0b11, 0
+    else:
+        op = {L.const(f"VALUE_OP_{o}"): o for o in ("WRITE", "ADD", "READ")}.get(md["value_op"])
+        if op is None:
+            out.note = "a pass no first pass sends"
+            return out
+        bitmap[s], count[s] = {"WRITE": (0, 0), "ADD": (0b10, 1), "READ": (0b01, 1)}[op]
+        pass_values = frame[SWITCHML_AT + HEADER_LEN : SWITCHML_AT + HEADER_LEN + 256]
+        values[64 * quarter : 64 * quarter + 64] = np.frombuffer(pass_values, ">i4")
+    request = wire.encode(size_code=code, job_number=0, tsi=0, set=s, slot=0, values=values)
+    action, results = setup.engine.receive_datagram(request, (src_ip, src_port))
+    out.mismatches += compare_registers(test, setup)
+    exp = test.expected
+    if half is None:
+        return out  # consume passes: the registers are what the emulator has to say
+    if sent == (1, 1) and pass_name in ("PASS_HARVEST", "PASS_COLLECT_0_FIRST"):
+        out.note = "multicast (P4Testgen does not model it)"
+        if exp is not None:
+            out.mismatches.append(f"a multicast result left on port {exp.port}")
+        return out
+    if action != Action.UNICAST or exp is None:
+        out.mismatches.append(
+            f"the program {'drops' if exp is None else 'sends'}; emulator {action.name}"
+        )
+        return out
+    result = results[0][0]
+    at = HEADER_LEN + 4 * (64 * quarter + (32 if half == "second" else 0))
+    read = result[at : at + 128]  # the half of the quarter this pass reads
+    hdr = bytearray(frame[SWITCHML_AT : SWITCHML_AT + HEADER_LEN])
+    payload = frame[SWITCHML_AT + HEADER_LEN :]
+    if pass_name == "PASS_HARVEST":  # values 32..63 replace the packet's second half
+        payload = payload[:128] + read + payload[256:]
+    else:  # a collect pass puts its half in front of the values collected so far
+        payload = read + payload
+    if L.is_recirculation_port(exp.port):  # collected, on to the next collect pass
+        got = exp.packet[md_len + SWITCHML_AT + HEADER_LEN :][: len(read)]
+        care = exp.care_mask()[md_len + SWITCHML_AT + HEADER_LEN :][: len(read)]
+        out.mismatches += _compare("half collected", read, got, care)
+        return out
+    hdr[9] = result[9]  # the last pass fetches e1
+    want = to_sender(frame[:SWITCHML_AT] + bytes(hdr) + payload)
+    out.mismatches += _compare("result", want, exp.packet, exp.care_mask())
+    if exp.port != md["ingress_port"]:
+        out.mismatches.append(f"result on port {exp.port}, not the sender's {md['ingress_port']}")
+    return out
 
 
 # ----------------------------------------------------------------------------- all
