@@ -264,3 +264,49 @@ def test_a_changed_expectation_in_the_corpus_is_caught(corpus) -> None:
 def test_drop_reasons_come_from_the_trace() -> None:
     t = first_packet_test(trace="Ingress.reject_slot.slot_out_of_range")
     assert replay.p4_action(t) == Action.DROP_SLOT_RANGE
+
+
+def harvest_test(e1: int = 4, second: int = 20) -> ptf.TestCase:
+    """A harvest pass (size code 1) of a unicast result back to the sender: the program
+    reads e1 and the second halves of the value pairs at its pool_index."""
+    pool_index = (100 << 1) | 1
+    md = L.pack(
+        "switchml_md_h",
+        {
+            "pass_type": L.const("PASS_HARVEST"),
+            "value_op": L.const("VALUE_OP_READ"),
+            "result": 1,
+            "ingress_port": 4,
+            "mgid": 5,
+            "pool_index": pool_index,
+        },
+    )
+    sent = frame(packet(slot=9, set_=1))
+    result = bytearray(sent)
+    result[replay.SWITCHML_AT + 9] = e1
+    pair5 = replay.SWITCHML_AT + wire.HEADER_LEN + 4 * 37
+    result[pair5 : pair5 + 4] = second.to_bytes(4, "big")
+    for i in range(32, 64):  # the other pairs are 0 in the registers
+        if i != 37:
+            at = replay.SWITCHML_AT + wire.HEADER_LEN + 4 * i
+            result[at : at + 4] = bytes(4)
+    t = ptf.TestCase("Test2", port=L.recirculation_port(4), packet=md + sent)
+    t.registers = [
+        ptf.RegisterValue(L.EXPONENTS, pool_index, {"e0": 3, "e1": 4}, {"e0": 3, "e1": 4}),
+        ptf.RegisterValue(
+            "Ingress.aggregate.pair05.values", pool_index, {"first": 10, "second": 20}
+        ),
+    ]
+    t.expected = ptf.Expected(4, replay.to_sender(bytes(result)))
+    return t
+
+
+def test_a_harvest_pass_replays_against_the_engines_unicast() -> None:
+    outcome = replay.replay(harvest_test())
+    assert (outcome.kind, outcome.mismatches) == (replay.LATER_PASS, [])
+
+
+@pytest.mark.parametrize("change", [{"e1": 5}, {"second": 21}])
+def test_a_harvest_pass_that_reads_something_else_is_a_mismatch(change: dict) -> None:
+    outcome = replay.replay(harvest_test(**change))
+    assert any(m.startswith("result:") for m in outcome.mismatches), outcome.mismatches
