@@ -28,6 +28,9 @@ from p4.source import P4Source
 WORKER_BY_ADDRESS = bfrt_target.WORKER_BY_ADDRESS.removeprefix("pipe.")
 WORKER_BY_IP = bfrt_target.WORKER_BY_IP.removeprefix("pipe.")
 SET_WORKER = bfrt_target.SET_WORKER
+WORKER_ADDRESS = bfrt_target.WORKER_ADDRESS.removeprefix("pipe.")
+TO_WORKER = bfrt_target.TO_WORKER
+TO_WORKER_BY_IP = bfrt_target.TO_WORKER_BY_IP
 WORKER_BITMAP = bfrt_target.WORKER_BITMAP.removeprefix("pipe.")
 COUNT = bfrt_target.COUNT.removeprefix("pipe.")
 EXPONENTS = "Ingress.exponents.exponents"

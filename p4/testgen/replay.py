@@ -471,40 +471,62 @@ def _ipv4_checksum(header: bytes) -> int:
     return ~words & 0xFFFF
 
 
-def to_sender(frame: bytes) -> bytes:
-    """Ethernet / IPv4 / UDP of a result back to the worker that triggered it (p4/result.p4
-    ``to_sender``): addresses and ports swapped, the IPv4 checksum recomputed, no UDP
-    checksum; the rest of ``frame`` as it is."""
-    eth, ip, udp = (
-        frame[:ETH_LEN],
-        bytearray(frame[ETH_LEN : SWITCHML_AT - UDP_LEN]),
-        bytearray(frame[SWITCHML_AT - UDP_LEN : SWITCHML_AT]),
+def from_switch_to(frame: bytes, mac: int, ip: int, port: int) -> bytes:
+    """A result as egress sends it (p4/result.p4): from the switch's MAC, IPv4 address
+    and UDP port (the triggering packet's destination) to ``mac``, ``ip``, ``port``, the
+    IPv4 checksum recomputed, no UDP checksum; the rest of ``frame`` as it is."""
+    eth = frame[:ETH_LEN]
+    ip_hdr = bytearray(frame[ETH_LEN : ETH_LEN + IPV4_LEN])
+    udp = bytearray(frame[ETH_LEN + IPV4_LEN : SWITCHML_AT])
+    ip_hdr[12:16], ip_hdr[16:20] = ip_hdr[16:20], ip.to_bytes(4, "big")
+    ip_hdr[10:12] = _ipv4_checksum(bytes(ip_hdr)).to_bytes(2, "big")
+    udp[0:2], udp[2:4], udp[6:8] = udp[2:4], port.to_bytes(2, "big"), b"\0\0"
+    return (
+        mac.to_bytes(6, "big")
+        + eth[0:6]
+        + eth[12:14]
+        + bytes(ip_hdr)
+        + bytes(udp)
+        + frame[SWITCHML_AT:]
     )
-    ip[12:16], ip[16:20] = ip[16:20], ip[12:16]
-    ip[10:12] = _ipv4_checksum(bytes(ip)).to_bytes(2, "big")
-    udp[0:2], udp[2:4] = udp[2:4], udp[0:2]
-    udp[6:8] = b"\0\0"
-    return eth[6:12] + eth[0:6] + eth[12:14] + bytes(ip) + bytes(udp) + frame[SWITCHML_AT:]
+
+
+def to_sender(frame: bytes) -> bytes:
+    """A result back to the worker that triggered it (``to_sender``: addresses swapped)."""
+    mac = int.from_bytes(frame[6:12], "big")
+    ip = int.from_bytes(frame[ETH_LEN + 12 : ETH_LEN + 16], "big")
+    port = int.from_bytes(frame[ETH_LEN + IPV4_LEN : ETH_LEN + IPV4_LEN + 2], "big")
+    return from_switch_to(frame, mac, ip, port)
+
+
+def _replica_destination(test: TestCase) -> tuple[int, int, int | None] | None:
+    """The ``worker_address`` entry a multicast replica took: (MAC, IPv4, UDP port or None
+    for a worker registered by IP alone)."""
+    for e in test.entries:
+        if e.table == L.WORKER_ADDRESS and e.action in (L.TO_WORKER, L.TO_WORKER_BY_IP):
+            return e.params["mac"], e.params["ip"], e.params.get("udp_port")
+    return None
 
 
 def replay_later_pass(test: TestCase) -> Outcome:
     """A later pass on its own (P4Testgen does not chain passes: the test starts on the
     recirculation port with ``switchml_md`` in front and registers as the solver chose
-    them). The pass's register entry becomes slot 0 of a one-slot job of two workers in
-    the engine (the entry ``pool_index >> 1`` the pass's quarter of it), the triggering
-    worker worker 0 at the frame's source address; then
+    them). The pass's register entry becomes slot 0 of a one-slot job in the engine (the
+    entry ``pool_index >> 1`` the pass's quarter of it); then
 
-    * a harvest or collect pass reads one half of the quarter's 32 value pairs (and the
-      last one e1): the engine answers worker 0's retransmission into the complete slot
-      (unicast), and the half the program put into the packet must be the result's;
-      a harvest to the sender must leave as :func:`to_sender` of the packet with e1 and
-      the second 32 values from the result;
     * a consume pass writes, adds or only reads (``value_op``) its quarter: the engine
       gets worker 0's packet with that quarter's values into a slot released (write),
       holding worker 1's contribution (add) or worker 0's (read), and the value pairs
       after it must be the program's;
-    * a result the program hands to the multicast group is a drop for P4Testgen (it does
-      not model multicast): counted, not compared.
+    * a harvest or collect pass reads one half of the quarter's 32 value pairs (the last
+      one also e1): the half the program puts into the packet must be the result's. The
+      engine's result is its unicast to worker 0 retransmitting into the complete slot,
+      and a result the program sends back to the sender must leave as that unicast does
+      (:func:`to_sender`); for a result the program hands to the multicast group
+      (P4Testgen with the project's patch: one replica, to the ``worker_address`` entry
+      of its replication id), the engine's job has one worker at that entry's address,
+      whose packet of the registers' values completes the slot, and the replica must
+      leave as the engine's multicast copy to it does (:func:`from_switch_to`).
     """
     out = Outcome(test.name, LATER_PASS)
     md_len = L.header_bytes("switchml_md_h")
@@ -518,50 +540,66 @@ def replay_later_pass(test: TestCase) -> Outcome:
     quarter, half = LATER_PASSES[pass_name]
     entry, s = md["pool_index"] >> 1, md["pool_index"] & 1
     sent = (md["result"], md["multicast"])
-    valid = {(1, 0), (1, 1)} if half is not None else {(0, 0), (1, 0), (1, 1)}
-    if sent not in valid or entry < quarter:
+    final = pass_name in ("PASS_HARVEST", "PASS_COLLECT_0_FIRST")
+    op = {L.const(f"VALUE_OP_{o}"): o for o in ("WRITE", "ADD", "READ")}.get(md["value_op"])
+    if half is not None:
+        valid = sent in ((1, 0), (1, 1))
+    else:
+        valid = op is not None and sent in ((0, 0), (1, 0), (1, 1))
+    if not valid or entry < quarter:
         out.note = "a pass no first pass sends"
         return out
     code = 1 if pass_name == "PASS_HARVEST" else 3
+    exp = test.expected
     src_ip = int.from_bytes(frame[ETH_LEN + 12 : ETH_LEN + 16], "big")
-    src_port = int.from_bytes(frame[SWITCHML_AT - UDP_LEN : SWITCHML_AT - UDP_LEN + 2], "big")
-    params = JobEntry(1, 0, 1, 2, code, entry - quarter, 1, md["mgid"])
+    src_port = int.from_bytes(frame[ETH_LEN + IPV4_LEN : ETH_LEN + IPV4_LEN + 2], "big")
+    replica = None
+    if final and sent == (1, 1):  # one multicast replica, to the worker_address entry taken
+        replica = _replica_destination(test)
+        if replica is None:
+            if exp is not None:
+                out.mismatches.append(f"a replica left on port {exp.port} without a worker")
+            else:
+                out.note = "a replica for a replication id nobody registered"
+            return out
+        _, src_ip, port = replica
+        src_port = port if port is not None else src_port
+        workers = 1
+    else:
+        workers = 2
+    params = JobEntry(1, 0, 1, workers, code, entry - quarter, 1, md["mgid"])
+    by_ip = replica is not None and replica[2] is None
     key = [KeyField("hdr.ipv4.src_addr", src_ip), KeyField("hdr.udp.src_port", src_port)]
-    worker = TableEntry(L.WORKER_BY_ADDRESS, L.SET_WORKER, vars(params).copy(), key)
-    if src_port == 0:
-        worker = TableEntry(L.WORKER_BY_IP, L.SET_WORKER, vars(params).copy(), key[:1])
+    table = L.WORKER_BY_IP if by_ip else L.WORKER_BY_ADDRESS
+    worker = TableEntry(table, L.SET_WORKER, vars(params).copy(), key[:1] if by_ip else key)
     synthetic = TestCase(test.name, test.port, test.packet, [worker], test.registers)
     setup = setup_engine(synthetic)
-    _, _, bitmap, count = setup.engine.pool_arrays(setup.jobs[1][1].index)
+    loaded_values, exps, bitmap, count = setup.engine.pool_arrays(setup.jobs[1][1].index)
     n = 32 << code
-    values = np.zeros(n, np.int32)
-    if half is not None:  # a read: the slot is complete, worker 0 retransmits
+    values, e0, e1 = np.zeros(n, np.int32), 0, 0
+    if replica is not None:  # worker 0 writes the registers' values: the slot completes
+        values = loaded_values[s * n : s * n + n].view(np.int32).copy()
+        e0, e1 = int(exps[2 * s]), int(exps[2 * s + 1])
+    elif half is not None:  # a read: the slot is complete, worker 0 retransmits
         bitmap[s], count[s] = 0b11, 0
     else:
-        op = {L.const(f"VALUE_OP_{o}"): o for o in ("WRITE", "ADD", "READ")}.get(md["value_op"])
-        if op is None:
-            out.note = "a pass no first pass sends"
-            return out
         bitmap[s], count[s] = {"WRITE": (0, 0), "ADD": (0b10, 1), "READ": (0b01, 1)}[op]
         pass_values = frame[SWITCHML_AT + HEADER_LEN : SWITCHML_AT + HEADER_LEN + 256]
         values[64 * quarter : 64 * quarter + 64] = np.frombuffer(pass_values, ">i4")
-    request = wire.encode(size_code=code, job_number=0, tsi=0, set=s, slot=0, values=values)
+    request = wire.encode(
+        size_code=code, job_number=0, tsi=0, set=s, slot=0, values=values, e0=e0, e1=e1
+    )
     action, results = setup.engine.receive_datagram(request, (src_ip, src_port))
     out.mismatches += compare_registers(test, setup)
-    exp = test.expected
     if half is None:
         return out  # consume passes: the registers are what the emulator has to say
-    if sent == (1, 1) and pass_name in ("PASS_HARVEST", "PASS_COLLECT_0_FIRST"):
-        out.note = "multicast (P4Testgen does not model it)"
-        if exp is not None:
-            out.mismatches.append(f"a multicast result left on port {exp.port}")
-        return out
-    if action != Action.UNICAST or exp is None:
+    expected_action = Action.MULTICAST if replica is not None else Action.UNICAST
+    if action != expected_action or not results or exp is None:
         out.mismatches.append(
             f"the program {'drops' if exp is None else 'sends'}; emulator {action.name}"
         )
         return out
-    result = results[0][0]
+    result, (dest_ip, dest_port) = results[0]
     at = HEADER_LEN + 4 * (64 * quarter + (32 if half == "second" else 0))
     read = result[at : at + 128]  # the half of the quarter this pass reads
     hdr = bytearray(frame[SWITCHML_AT : SWITCHML_AT + HEADER_LEN])
@@ -570,16 +608,22 @@ def replay_later_pass(test: TestCase) -> Outcome:
         payload = payload[:128] + read + payload[256:]
     else:  # a collect pass puts its half in front of the values collected so far
         payload = read + payload
-    if L.is_recirculation_port(exp.port):  # collected, on to the next collect pass
+    if not final:  # collected, on to the next collect pass
         got = exp.packet[md_len + SWITCHML_AT + HEADER_LEN :][: len(read)]
         care = exp.care_mask()[md_len + SWITCHML_AT + HEADER_LEN :][: len(read)]
         out.mismatches += _compare("half collected", read, got, care)
         return out
     hdr[9] = result[9]  # the last pass fetches e1
-    want = to_sender(frame[:SWITCHML_AT] + bytes(hdr) + payload)
+    whole = frame[:SWITCHML_AT] + bytes(hdr) + payload
+    if replica is None:
+        want = to_sender(whole)
+        if exp.port != md["ingress_port"]:
+            out.mismatches.append(
+                f"result on port {exp.port}, not the sender's {md['ingress_port']}"
+            )
+    else:
+        want = from_switch_to(whole, replica[0], dest_ip, dest_port)
     out.mismatches += _compare("result", want, exp.packet, exp.care_mask())
-    if exp.port != md["ingress_port"]:
-        out.mismatches.append(f"result on port {exp.port}, not the sender's {md['ingress_port']}")
     return out
 
 
