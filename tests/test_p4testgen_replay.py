@@ -310,3 +310,19 @@ def test_a_harvest_pass_replays_against_the_engines_unicast() -> None:
 def test_a_harvest_pass_that_reads_something_else_is_a_mismatch(change: dict) -> None:
     outcome = replay.replay(harvest_test(**change))
     assert any(m.startswith("result:") for m in outcome.mismatches), outcome.mismatches
+
+
+def test_the_coverage_report_is_read_from_the_generators_log() -> None:
+    log = (
+        "============ Test 3: Nodes covered: 0.5 (5/10) ============\n"
+        "============ Test 4: Nodes covered: 0.6 (6/10) ============\n"
+        "Not covered program nodes:\n"
+        "\t/src/p4/result.p4\\52: hdr.ipv4.src_addr = hdr.ipv4.dst_addr;\n"
+        "Covered program nodes:\n"
+    )
+    assert generate.coverage_of(log) == {
+        "fraction": 0.6,
+        "covered": 6,
+        "statements": 10,
+        "uncovered": ["p4/result.p4:52: hdr.ipv4.src_addr = hdr.ipv4.dst_addr;"],
+    }

@@ -44,20 +44,39 @@ def command(p4testgen: Path, p4c_src: Path, out_dir: Path, max_tests: int, seed:
         "--test-backend", "PTF",
         "--port-ranges", "0:511",
         "--path-selection", "GREEDY_STATEMENT_SEARCH",
-        "--track-coverage", "STATEMENT",
-        "--stop-metric", "MAX_STATEMENT_COVERAGE",
+        "--track-coverage", "STATEMENTS",
+        "--stop-metric", "MAX_NODE_COVERAGE",
         "--max-tests", str(max_tests),
         "--seed", str(seed),
         "--print-traces",
+        "--print-coverage",
         "--out-dir", str(out_dir),
         str(P4_DIR / "switchml.p4"),
     ]  # fmt: skip
 
 
-def coverage_of(log: str) -> float | None:
-    """The last statement coverage p4testgen reported."""
-    found = re.findall(r"[Cc]overage:\s*([0-9.]+)", log)
-    return float(found[-1]) if found else None
+def coverage_of(log: str) -> dict:
+    """The statement coverage p4testgen reported last ("Nodes covered: 0.9 (90/100)") and
+    the statements it had not covered then (``--print-coverage``)."""
+    found = re.findall(r"Nodes covered:\s*([0-9.]+)\s*\((\d+)/(\d+)\)", log)
+    if not found:
+        return {"fraction": None, "covered": None, "statements": None, "uncovered": []}
+    fraction, covered, total = found[-1]
+    blocks = log.split("Not covered program nodes:")
+    uncovered = []
+    if len(blocks) > 1:
+        for line in blocks[-1].splitlines()[1:]:
+            if not line.startswith("\t"):
+                break
+            entry = re.sub(r"^.*/p4/", "p4/", line.strip()).replace("\\", ":", 1)
+            if entry not in uncovered:
+                uncovered.append(entry)
+    return {
+        "fraction": float(fraction),
+        "covered": int(covered),
+        "statements": int(total),
+        "uncovered": uncovered,
+    }
 
 
 def generate(p4testgen: Path, p4c_src: Path, max_tests: int, seed: int, corpus: Path) -> dict:
