@@ -227,7 +227,10 @@ def test_other_traffic_is_not_replayed() -> None:
 @pytest.fixture(scope="module")
 def corpus() -> tuple[dict, list[ptf.TestCase]]:
     if not generate.CORPUS.exists():
-        pytest.fail(f"no corpus at {generate.CORPUS}: python -m p4.testgen.generate writes it")
+        pytest.skip(
+            f"no corpus at {generate.CORPUS} yet: p4/model/build-p4testgen.sh builds "
+            "p4testgen, python -m p4.testgen.generate writes the corpus (p4/README.md)"
+        )
     return generate.load()
 
 

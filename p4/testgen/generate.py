@@ -79,6 +79,19 @@ def coverage_of(log: str) -> dict:
     }
 
 
+#: Trace lines the corpus leaves out: assignments, extractions, emits and packet dumps
+#: (the packets are in the test itself). Tables, actions, branches, drops stay.
+NOISE = re.compile(
+    r"^\[(P4Testgen )?(AssignmentStatement|ExtractSuccess|Emit|Packet |PrependToProgramHeader"
+    r"|AppendToProgramHeader|Prepending the emit buffer)"
+)
+
+
+def brief_trace(trace: list[str], width: int = 240) -> list[str]:
+    """The trace without :data:`NOISE`, each line cut to ``width`` characters."""
+    return [line[:width] for line in trace if not NOISE.match(line.strip())]
+
+
 def generate(p4testgen: Path, p4c_src: Path, max_tests: int, seed: int, corpus: Path) -> dict:
     """Run p4testgen and write ``corpus``; return what was written."""
     with tempfile.TemporaryDirectory(prefix="p4testgen-") as tmp:
@@ -92,6 +105,8 @@ def generate(p4testgen: Path, p4c_src: Path, max_tests: int, seed: int, corpus: 
         if not files:
             raise SystemExit(f"p4testgen wrote no PTF file (exit {run.returncode}):\n{log[-3000:]}")
         tests = [t for f in files for t in ptf.parse_file(f.read_text())]
+        for t in tests:
+            t.trace = brief_trace(t.trace)
         version = subprocess.run([str(p4testgen), "--version"], capture_output=True, text=True)
     data = {
         "generator": {
