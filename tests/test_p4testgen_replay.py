@@ -329,3 +329,64 @@ def test_the_coverage_report_is_read_from_the_generators_log() -> None:
         "statements": 10,
         "uncovered": ["p4/result.p4:52: hdr.ipv4.src_addr = hdr.ipv4.dst_addr;"],
     }
+
+
+def later_pass(pass_type: str, op: str, result: int, multicast: int, body: bytes) -> bytes:
+    md = L.pack(
+        "switchml_md_h",
+        {
+            "pass_type": L.const(pass_type),
+            "value_op": L.const(op),
+            "result": result,
+            "multicast": multicast,
+            "ingress_port": 4,
+            "mgid": 5,
+            "pool_index": (101 << 1) | 1,
+        },
+    )
+    return md + body
+
+
+@pytest.mark.parametrize(("op", "after"), [("ADD", 10 + 7), ("WRITE", 7), ("READ", 10)])
+def test_a_consume_pass_leaves_the_quarter_as_the_engine_does(op: str, after: int) -> None:
+    code3 = frame(packet(code=3, values=7))
+    body = (
+        code3[: replay.SWITCHML_AT + wire.HEADER_LEN]
+        + code3[replay.SWITCHML_AT + wire.HEADER_LEN + 256 :]
+    )
+    t = ptf.TestCase(
+        "Test3",
+        port=L.recirculation_port(4),
+        packet=later_pass("PASS_CONSUME1", f"VALUE_OP_{op}", 0, 0, body),
+    )
+    pair = "Ingress.aggregate.pair09.values"
+    t.registers = [
+        ptf.RegisterValue(
+            pair, (101 << 1) | 1, {"first": 10, "second": 10}, {"first": after, "second": after}
+        )
+    ]
+    assert replay.replay(t).mismatches == []
+    t.registers[0].after = {"first": after + 1, "second": after}
+    assert replay.replay(t).mismatches[0].startswith(f"{pair}[{(101 << 1) | 1}] after")
+
+
+def test_a_collect_pass_puts_the_engines_half_in_front() -> None:
+    body = frame(packet(code=3))[: replay.SWITCHML_AT + wire.HEADER_LEN]  # nothing collected yet
+    t = ptf.TestCase(
+        "Test4",
+        port=L.recirculation_port(4),
+        packet=later_pass("PASS_COLLECT_3_SECOND", "VALUE_OP_READ", 1, 0, body),
+    )
+    t.registers = [
+        ptf.RegisterValue(
+            "Ingress.aggregate.pair02.values", (101 << 1) | 1, {"first": 1, "second": 99}
+        )
+    ]
+    half = bytearray(128)
+    half[8:12] = (99).to_bytes(4, "big")  # pair 2's second: value 224 + 2 of the result
+    md_len = L.header_bytes("switchml_md_h")
+    out = t.packet[:md_len] + body + bytes(half)
+    t.expected = ptf.Expected(L.recirculation_port(4), out, [(0, 8 * md_len)])
+    assert replay.replay(t).mismatches == []
+    t.expected.packet = out[:-1] + b"\x01"
+    assert replay.replay(t).mismatches[0].startswith("half collected")
