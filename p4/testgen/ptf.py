@@ -139,6 +139,11 @@ class PtfFormatError(ValueError):
     """The file is not the PTF P4Testgen writes (a call or argument this reader does not know)."""
 
 
+def _name(node: ast.expr) -> str:
+    """A table, action or register name without the BF Runtime's ``pipe.`` prefix."""
+    return str(_literal(node)).removeprefix("pipe.")
+
+
 def _literal(node: ast.expr) -> Any:
     try:
         return ast.literal_eval(node)
@@ -183,13 +188,10 @@ def _data_fields(node: ast.expr) -> dict[str, int]:
     return out
 
 
-def _register_value(value: Any, register: str) -> dict[str, int] | int:
+def _register_value(value: Any) -> dict[str, int] | int:
     """``[('Ingress.r.r.first', 1), ...]`` -> ``{'first': 1, ...}``; an int stays."""
     if isinstance(value, list):
-        return {
-            (name[len(register) + 1 :] if name.startswith(register + ".") else name): v
-            for name, v in value
-        }
+        return {name.rsplit(".", 1)[-1]: int(v) for name, v in value}
     return int(value)
 
 
@@ -235,25 +237,25 @@ def parse_test(cls: ast.ClassDef, source: str) -> TestCase:
     for call in _calls(_method(cls, "setupCtrlPlane")):
         what = _call_name(call.func)
         if what == "insertTableEntry":
-            table = _literal(call.args[0])
+            table = _name(call.args[0])
             keys = call.args[1]
             if not isinstance(keys, ast.List):
                 raise PtfFormatError(f"line {call.lineno}: expected a list of keys")
-            action = _literal(call.args[2])
-            if action is None:
+            if _literal(call.args[2]) is None:
                 raise PtfFormatError(f"line {call.lineno}: action profiles are not read")
+            action = _name(call.args[2])
             test.entries.append(
                 TableEntry(
                     table, action, _data_fields(call.args[3]), [_key_field(k) for k in keys.elts]
                 )
             )
         elif what == "overrideDefaultEntry":
-            table, action = _literal(call.args[0]), _literal(call.args[1])
+            table, action = _name(call.args[0]), _name(call.args[1])
             params = _data_fields(call.args[2]) if len(call.args) > 2 else {}
             test.entries.append(TableEntry(table, action, params, default=True))
         elif what == "setRegisterValue":
-            name = _literal(call.args[0])
-            value = _register_value(_literal(call.args[1]), name)
+            name = _name(call.args[0])
+            value = _register_value(_literal(call.args[1]))
             test.registers.append(RegisterValue(name, int(_literal(call.args[2])), value))
         else:
             raise PtfFormatError(f"line {call.lineno}: unknown control-plane call {what}")
@@ -268,9 +270,9 @@ def parse_test(cls: ast.ClassDef, source: str) -> TestCase:
             offset, count = (int(_literal(a)) for a in call.args)
             test.expected.dont_care.append((offset, count))
         elif what == "verifyRegisterValue":
-            name = _literal(call.args[0])
+            name = _name(call.args[0])
             index = int(_literal(call.args[2]))
-            after = _register_value(_literal(call.args[1]), name)
+            after = _register_value(_literal(call.args[1]))
             for reg in test.registers:
                 if reg.name == name and reg.index == index:
                     reg.after = after
