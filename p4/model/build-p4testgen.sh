@@ -41,7 +41,7 @@ while (($#)); do
     --no-bf-p4c) with_bf_p4c=0; shift ;;
     --background) background=1; shift ;;
     --status) print_status; exit 0 ;;
-    -h | --help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
     *) die "unknown argument: $1" ;;
   esac
 done
