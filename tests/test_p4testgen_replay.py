@@ -399,3 +399,12 @@ def test_negative_exponents_compare_at_their_width() -> None:
     assert replay.replay(t).mismatches == []
     t.registers[2].after = {"e0": -4, "e1": 0}
     assert "exponents" in replay.replay(t).mismatches[0]
+
+
+def test_a_ptf_file_from_elsewhere_becomes_a_corpus(tmp_path) -> None:
+    src = tmp_path / "switchml.py"
+    src.write_text(PTF_SAMPLE)
+    corpus = tmp_path / "corpus.json"
+    assert generate.main(["--from-ptf", str(src), "--corpus", str(corpus)]) == 0
+    record, tests = generate.load(corpus)
+    assert record["tests"] == 1 and tests[0].name == "Test7"

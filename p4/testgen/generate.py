@@ -2,6 +2,7 @@
 
     python -m p4.testgen.generate                      # p4testgen from p4/model/build-p4testgen.sh
     python -m p4.testgen.generate --p4testgen PATH --max-tests 300 --seed 1
+    python -m p4.testgen.generate --from-ptf switchml.py --log p4testgen.log   # generated elsewhere
 
 Runs ``p4testgen --target tofino --arch tna --test-backend PTF`` (statement coverage as
 the goal, greedy path selection, a fixed seed, ports 0..511 so that every port a pass
@@ -124,6 +125,26 @@ def generate(p4testgen: Path, p4c_src: Path, max_tests: int, seed: int, corpus: 
     return data
 
 
+def convert(ptf_file: Path, log_file: Path | None, corpus: Path) -> dict:
+    """Write ``corpus`` from a PTF file p4testgen wrote elsewhere (and its log, for the
+    coverage), as :func:`generate` would."""
+    tests = ptf.parse_file(ptf_file.read_text())
+    for t in tests:
+        t.trace = brief_trace(t.trace)
+    log = log_file.read_text() if log_file is not None else ""
+    data = {
+        "generator": {
+            "command": f"converted from {ptf_file.name}",
+            "statement_coverage": coverage_of(log),
+            "tests": len(tests),
+        },
+        "tests": [t.to_json() for t in tests],
+    }
+    corpus.parent.mkdir(parents=True, exist_ok=True)
+    corpus.write_text(json.dumps(data, indent=1) + "\n")
+    return data
+
+
 def load(corpus: Path = CORPUS) -> tuple[dict, list[ptf.TestCase]]:
     """The generator's record and the tests of a corpus file."""
     data = json.loads(corpus.read_text())
@@ -139,8 +160,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--corpus", type=Path, default=CORPUS)
     ap.add_argument("--replay-only", action="store_true", help="replay the corpus, no generation")
+    ap.add_argument("--from-ptf", type=Path, help="a PTF file p4testgen wrote elsewhere")
+    ap.add_argument("--log", type=Path, help="with --from-ptf: p4testgen's output (coverage)")
     args = ap.parse_args(argv)
-    if not args.replay_only:
+    if args.from_ptf is not None:
+        record = convert(args.from_ptf, args.log, args.corpus)
+        print(json.dumps(record["generator"], indent=1))
+    elif not args.replay_only:
         if not args.p4testgen.exists():
             print(
                 f"generate: no p4testgen at {args.p4testgen} "
