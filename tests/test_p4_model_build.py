@@ -27,7 +27,7 @@ def bash(script: str, build_dir: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize("script", ["build-bf-p4c.sh", "build-model.sh"])
+@pytest.mark.parametrize("script", ["build-bf-p4c.sh", "build-p4testgen.sh", "build-model.sh"])
 def test_unknown_argument_is_refused(script: str, tmp_path: Path) -> None:
     r = subprocess.run(
         ["bash", str(MODEL / script), "--dir", str(tmp_path), "--frobnicate"],
@@ -39,7 +39,7 @@ def test_unknown_argument_is_refused(script: str, tmp_path: Path) -> None:
     assert "unknown argument: --frobnicate" in r.stderr
 
 
-@pytest.mark.parametrize("script", ["build-bf-p4c.sh", "build-model.sh"])
+@pytest.mark.parametrize("script", ["build-bf-p4c.sh", "build-p4testgen.sh", "build-model.sh"])
 def test_status_of_an_empty_directory(script: str, tmp_path: Path) -> None:
     r = subprocess.run(
         ["bash", str(MODEL / script), "--dir", str(tmp_path / "b"), "--status"],

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Shared helpers of build-bf-p4c.sh and build-model.sh (sourced, not run).
+# Shared helpers of build-bf-p4c.sh, build-p4testgen.sh and build-model.sh (sourced, not run).
 #
 # A build lives in one persistent directory outside the repository ($BUILD_DIR):
 #   src/...       the sources, cloned at pinned revisions
@@ -194,4 +194,74 @@ run_background() {
   ' _ "$BUILD_DIR" bash "$script" "$@" >>"$BUILD_DIR/build.log" 2>&1 </dev/null &
   echo $! >"$BUILD_DIR/pid"
   echo "started in the background (pid $!): log $BUILD_DIR/build.log, status $BUILD_DIR/STATUS"
+}
+
+# --- p4c: the sources, patches, Python venv and CMake options that build-bf-p4c.sh and
+# build-p4testgen.sh share (both build p4c with its Tofino back end).
+
+# Pinned revisions: p4c and the dependency revisions its CMake files name. P4C_REV may be
+# set to a later p4c (one with #5753 and #5750 upstream); its dependency pins may differ.
+P4C_REV=${P4C_REV:-34b86e9bacb932c799aaf1b83495ce1e386ea047}
+ABSEIL_REV=20240722.1
+PROTOBUF_REV=v25.3
+Z3_REV=z3-4.13.3
+BDWGC_REV=7f1503dbfe254e77678666a0e09b735add064b57 # 8.2.6
+P4RUNTIME_REV=ec4eb5ef70dbcbcbf2f8357a4b2b8c2f218845a5
+SPDLOG_REV=v1.8.3
+P4C_PATCHES=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/patches
+
+# p4c_get_sources: p4c and its dependencies into $BUILD_DIR/src (a fresh checkout drops the
+# patch stamps, so the patches are applied again).
+p4c_get_sources() {
+  local src=$BUILD_DIR/src
+  rm -f "$BUILD_DIR"/stamps/patch-*
+  fetch_src p4c p4lang/p4c "$P4C_REV" "$src/p4c"
+  fetch_src abseil-cpp abseil/abseil-cpp "$ABSEIL_REV" "$src/abseil-cpp"
+  fetch_src protobuf protocolbuffers/protobuf "$PROTOBUF_REV" "$src/protobuf"
+  fetch_src z3 Z3Prover/z3 "$Z3_REV" "$src/z3"
+  fetch_src bdwgc ivmai/bdwgc "$BDWGC_REV" "$src/bdwgc"
+  fetch_src p4runtime p4lang/p4runtime "$P4RUNTIME_REV" "$src/p4runtime"
+  # The Tofino back end takes spdlog from third_party/ when it is there.
+  fetch_src spdlog gabime/spdlog "$SPDLOG_REV" "$src/p4c/backends/tofino/third_party/spdlog"
+}
+
+# p4c_patch_sources: p4c's own patch of Z3 (its uninstall target clashes with p4c's;
+# FetchContent applies it only when it downloads Z3 itself), then p4/model/patches/:
+# ir-visitor-erase-if-const (g++ 12's std::erase_if on a map hands the predicate a const
+# element) and p4c-5753-parser-match-registers (p4c #5753: Tofino 1 parsers lose their
+# match registers, every select takes its first transition).
+p4c_patch_sources() {
+  local src=$BUILD_DIR/src
+  apply_patch "$src/z3" z3-uninstall <"$src/p4c/cmake/z3.patch"
+  apply_patch "$src/p4c" ir-visitor-erase-if-const <"$P4C_PATCHES/ir-visitor-erase-if-const.patch"
+  apply_patch "$src/p4c" p4c-5753-parser-match-registers \
+    <"$P4C_PATCHES/p4c-5753-parser-match-registers.patch"
+}
+
+# p4c_python_env: jsl, jsonschema, pyyaml for the schema and driver scripts; pyinstaller
+# for the p4c-build-logs tool, which the target that copies the driver (p4c_driver)
+# depends on -- without it the build dir's p4c_src lacks driver.py.
+p4c_python_env() {
+  python3 -m venv "$BUILD_DIR/venv"
+  "$BUILD_DIR/venv/bin/pip" install -q jsl jsonschema pyyaml pyinstaller
+}
+
+# p4c_configure [CMAKE OPTION...]: configure $BUILD_DIR/build for bf-p4c (Release, unity
+# build, Tofino on, every other back end off, dependencies from $BUILD_DIR/src with
+# FetchContent disconnected); the options given come last and win.
+p4c_configure() {
+  local src=$BUILD_DIR/src
+  PATH=$BUILD_DIR/venv/bin:$PATH cmake -S "$src/p4c" -B "$BUILD_DIR/build" \
+    -DCMAKE_BUILD_TYPE=Release -DCMAKE_UNITY_BUILD=ON \
+    -DENABLE_TOFINO=ON -DENABLE_CONTROL_PLANE=ON -DENABLE_GC=ON -DP4C_DRIVER_NAME=bf-p4c \
+    -DENABLE_BMV2=OFF -DENABLE_EBPF=OFF -DENABLE_UBPF=OFF -DENABLE_DPDK=OFF -DENABLE_P4TC=OFF \
+    -DENABLE_P4FMT=OFF -DENABLE_P4TEST=OFF -DENABLE_P4C_GRAPHS=OFF \
+    -DENABLE_GTESTS=OFF -DENABLE_DOCS=OFF -DENABLE_LTO=OFF -DENABLE_WERROR=OFF \
+    -DFETCHCONTENT_FULLY_DISCONNECTED=ON \
+    -DFETCHCONTENT_SOURCE_DIR_ABSEIL="$src/abseil-cpp" \
+    -DFETCHCONTENT_SOURCE_DIR_PROTOBUF="$src/protobuf" \
+    -DFETCHCONTENT_SOURCE_DIR_Z3="$src/z3" \
+    -DFETCHCONTENT_SOURCE_DIR_BDWGC="$src/bdwgc" \
+    -DFETCHCONTENT_SOURCE_DIR_P4RUNTIME="$src/p4runtime" \
+    "$@"
 }
