@@ -195,7 +195,10 @@ def test_quick_run_all_methods(tmp_path):
     packet = 10 + 4 * 2048  # size code 6 on the emulator
     chunks = math.ceil(params / 2048)
     assert sw["packets"] == timed * (chunks + min(63, chunks))  # + the exponent window
-    assert sent["switchml"] == (sw["packets"] + sw["retransmissions"]) * packet / timed
+    # every packet once, plus the retransmissions, averaged over the ranks (sw is
+    # rank 0's: a loaded machine makes ranks retransmit differently)
+    resent = sent["switchml"] * timed / packet - sw["packets"]
+    assert resent >= 0 and resent * w == pytest.approx(round(resent * w), abs=1e-6)
     assert rows["qsgd"]["codec_s_per_step"] > 0 and rows["topk"]["codec_s_per_step"] > 0
     table = (tmp_path / "compression.md").read_text()
     assert all(f"| {m} |" in table for m in bc.METHODS)
