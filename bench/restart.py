@@ -5,8 +5,10 @@ each call's end time-stamped. The emulator is SIGKILLed at a random point of a
 call and started again on the same ports (``--rounds`` times, the job going on
 meanwhile). For each restart: how long the emulator took to serve again (from
 the kill: process start, cache load, ports bound), and how long the job lost
-(from the kill to the first call every rank completed after it; a call's normal
-duration is in the table too). The workers' side of it is restart recovery
+(from the kill to the first call every rank completed after the new emulator
+serves: a call whose last results were already on their way when the switch
+died can still end just after the kill and says nothing about the restart; a
+call's normal duration is in the table too). The workers' side of it is restart recovery
 (docs/protocol.md §5): no result for 0.5 s, ``Status``, ``Resume``.
 """
 
@@ -82,9 +84,9 @@ def run(workers: int = 4, size: int = 16 << 20, rounds: int = 5, seed: int = 1) 
             emu = EmulatorProcess(port=ports[0], control_port=ports[1]).start()
             serving = time.monotonic()
             deadline = serving + 60
-            while complete_after(kill) is None and time.monotonic() < deadline:
+            while complete_after(serving) is None and time.monotonic() < deadline:
                 drain(time.monotonic() + 0.1)
-            first = complete_after(kill)
+            first = complete_after(serving)
             records.append(
                 {
                     "emulator_start_s": serving - kill,
