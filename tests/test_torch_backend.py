@@ -23,7 +23,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from swemu.launch import EmulatorProcess, child_env  # noqa: E402
+from swemu.launch import EmulatorProcess, child_env, spawn  # noqa: E402
 from swemu.observe.stats import fetch_stats  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -66,8 +66,9 @@ def torchrun(
         str(out),
         *args,
     ]
-    proc = subprocess.Popen(
+    proc = spawn(
         cmd,
+        default_signals=True,  # whatever this process inherited (a background job)
         env=child_env(OMP_NUM_THREADS="1", **env),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -267,7 +268,7 @@ def test_no_switch_is_one_clear_error(tmp_path):
         SWITCHML_CONTROL=f"127.0.0.1:{port}",
         SWITCHML_CONNECT_TIMEOUT="2",
     )
-    assert proc.returncode != 0
+    assert proc.returncode != 0, proc.stderr[-4000:]
     # the last line of a rank's traceback, with or without torch's "[rankN]: "
     lines = [
         line
