@@ -67,6 +67,7 @@ from .errors import SwitchMLError
 __all__ = [
     "BACKEND_NAME",
     "SwitchMLProcessGroup",
+    "attempt_store",
     "backend_options",
     "register",
 ]
@@ -181,6 +182,7 @@ class SwitchMLProcessGroup(dist.ProcessGroup):
     ) -> None:
         options = backend_options(rank, size, environ)  # fails before anything starts
         super().__init__(rank, size)
+        store = attempt_store(store, environ)  # never a dead attempt's keys
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
         self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, self._gloo)
         #: False: every switch allreduce waits for its result before returning
@@ -409,6 +411,26 @@ def _packets(n: int, floating: bool, o: Options) -> int:
     chunk, plus the exponent window of a float call (docs/protocol.md §4)."""
     chunks = math.ceil(n / wire.values_per_packet(o.packet_size))
     return chunks + (min(o.window, chunks) if floating else 0)
+
+
+def attempt_store(store: dist.Store, environ: Mapping[str, str] | None = None) -> dist.Store:
+    """The part of the launcher's ``store`` that belongs to this launch attempt
+    (``TORCHELASTIC_RESTART_COUNT``, 0 without torchrun): every key the group
+    writes or reads -- its gloo group's addresses, the session id -- lives there.
+
+    Why: torchrun's default rendezvous (``static``, any run without
+    ``--rdzv-backend``) serves one TCPStore for all the restarts of a job, and
+    since torch 2.5 its workers use it with no per-attempt prefix (torch's
+    ``rendezvous.py`` assumes a new store per attempt, which only the ``c10d``
+    rendezvous makes). So after ``--max-restarts`` restarted the ranks, the store
+    still held the dead ranks' gloo addresses, and the new ranks' gloo group
+    connected to those closed ports ("Connection refused" in ``connectFullMesh``)
+    before any of them reached the switch.
+    Every rank of a group must have been started the same number of times, as
+    the ranks of one torchrun are (docs/pytorch.md, Restarts)."""
+    env = os.environ if environ is None else environ
+    attempt = env.get("TORCHELASTIC_RESTART_COUNT", "").strip() or "0"
+    return dist.PrefixStore(f"attempt/{attempt}/", store)
 
 
 def _agree_on_session(store: dist.Store, rank: int, size: int) -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -20,16 +19,15 @@ from workers import rank_input
 
 import hostlib
 from swemu.core.engine import EngineConfig, SwitchEngine
+from swemu.launch import run
 from swemu.observe.tui import fmt_count
 from swemu.protocol.netutil import hold_broadcast_port
 
 
 def _jobs(emu) -> dict[int, dict]:
-    out = subprocess.run(
+    out = run(
         [sys.executable, "-m", "cli.main", "stats", "--control", emu.control, "--json"],
-        capture_output=True,
-        text=True,
-        check=True,
+        timeout=60,
     ).stdout
     return {j["session_id"]: j["counters"] for j in json.loads(out)["jobs"]}
 
@@ -102,11 +100,9 @@ def test_two_concurrent_broadcast_jobs_stay_exact_and_apart(emulator):
         # every multicast went out once, counted as the copies it stands for
         assert c["broadcast"] == c["multicast"] > 0
         assert c["pkts_out"] == c["multicast"] * len(x) + c["unicast"]
-    text = subprocess.run(  # the text view shows them on each job's results line
+    text = run(  # the text view shows them on each job's results line
         [sys.executable, "-m", "cli.main", "stats", "--control", emulator.control],
-        capture_output=True,
-        text=True,
-        check=True,
+        timeout=60,
         env={**os.environ, "COLUMNS": "160"},
     ).stdout
     for sid in jobs:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,16 +14,18 @@ from click.testing import CliRunner
 
 from cli.main import emu, switchml
 from cli.terminal import parse_size
-from swemu.launch import child_env
+from swemu.launch import Watched, child_env
+from swemu.launch import run as launch_run
 
 EMU = [sys.executable, "-c", "from cli.main import emu_main; emu_main()"]
 SWITCHML = [sys.executable, "-c", "from cli.main import switchml_main; switchml_main()"]
 
 
-def run(cmd, timeout=180, **kw):
-    return subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, env=child_env(), **kw
-    )
+def run(cmd, timeout=180, status=0, env=None, **kw):
+    """The finished command (stdout, stderr as text); its exit status must be
+    ``status`` (a failure message shows the status and stderr)."""
+    env = child_env() if env is None else env
+    return launch_run(cmd, status=status, timeout=timeout, env=env, **kw)
 
 
 def one_line_error(proc):
@@ -61,8 +62,7 @@ def test_parse_size():
     ],
 )
 def test_bad_serve_options_are_one_line(args, words):
-    p = run(EMU + args, timeout=60)
-    assert p.returncode == 2
+    p = run(EMU + args, timeout=60, status=2)
     assert words in one_line_error(p)
 
 
@@ -82,10 +82,10 @@ def test_port_in_use_is_one_line():
                 "0",
             ],
             timeout=60,
+            status=1,
         )
     finally:
         s.close()
-    assert p.returncode == 1
     assert "cannot listen for UDP" in one_line_error(p)
 
 
@@ -98,7 +98,7 @@ def test_control_port_in_use_is_one_line():
     env = child_env()
     env.pop("GRPC_VERBOSITY", None)
     try:
-        p = subprocess.run(
+        p = run(
             [
                 *EMU,
                 "serve",
@@ -109,61 +109,42 @@ def test_control_port_in_use_is_one_line():
                 "--control-port",
                 str(s.getsockname()[1]),
             ],
-            capture_output=True,
-            text=True,
             timeout=60,
             env=env,
+            status=1,
         )
     finally:
         s.close()
-    assert p.returncode == 1
     assert "cannot listen for gRPC" in one_line_error(p)
 
 
 def test_serve_stops_cleanly_on_sigterm(tmp_path):
     ready = tmp_path / "ready.json"
-    proc = subprocess.Popen(
-        [
-            *EMU,
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--control-port",
-            "0",
-            "--ready-file",
-            str(ready),
-        ],
-        stderr=subprocess.PIPE,
-        text=True,
-        env=child_env(),
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while not ready.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+    cmd = [*EMU, "serve", "--host", "127.0.0.1", "--port", "0", "--control-port", "0"]
+    with Watched([*cmd, "--ready-file", str(ready)], name="serve", env=child_env()) as proc:
+        proc.wait_until(ready.exists, 60, "its ready file")
         info = json.loads(ready.read_text())
         assert info["data"][1] > 0 and info["control"][1] > 0
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0
+        err = proc.expect(0, 30, "it to stop on SIGTERM")
     assert "shutdown:" in err and "Traceback" not in err
 
 
 def test_run_bad_options_are_one_line():
-    p = run([*SWITCHML, "run", "--workers", "0"], timeout=60)
-    assert p.returncode == 2 and "--workers" in one_line_error(p)
-    p = run([*SWITCHML, "run", "--workers", "2", "--switch", "host:notaport"], timeout=60)
-    assert p.returncode == 1 and "port" in one_line_error(p)
-    p = run([*SWITCHML, "run", "--workers", "2", "--size", "6"], timeout=60)
-    assert p.returncode == 1 and "4-byte" in one_line_error(p)
-    p = run([*SWITCHML, "run", "-n", "2", "--switch", "127.0.0.1:9", "--shards", "2"], timeout=60)
-    assert p.returncode == 1 and "--shards" in one_line_error(p)
-    p = run([*SWITCHML, "run", "--workers", "2", "--shards", "17"], timeout=60)
-    assert p.returncode == 2 and "--shards" in one_line_error(p)
+    p = run([*SWITCHML, "run", "--workers", "0"], timeout=60, status=2)
+    assert "--workers" in one_line_error(p)
+    p = run([*SWITCHML, "run", "--workers", "2", "--switch", "host:notaport"], timeout=60, status=1)
+    assert "port" in one_line_error(p)
+    p = run([*SWITCHML, "run", "--workers", "2", "--size", "6"], timeout=60, status=1)
+    assert "4-byte" in one_line_error(p)
+    p = run(
+        [*SWITCHML, "run", "-n", "2", "--switch", "127.0.0.1:9", "--shards", "2"],
+        timeout=60,
+        status=1,
+    )
+    assert "--shards" in one_line_error(p)
+    p = run([*SWITCHML, "run", "--workers", "2", "--shards", "17"], timeout=60, status=2)
+    assert "--shards" in one_line_error(p)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "int32"])
@@ -185,7 +166,6 @@ def test_run_with_embedded_emulator_verifies_results(tmp_path, dtype):
             str(out),
         ]
     )
-    assert p.returncode == 0, p.stderr
     assert "verified 2 results" in p.stderr and "goodput" in p.stdout
     data = json.loads(out.read_text())
     assert len(data["iters"]) == 2 and all(i["ok"] for i in data["iters"])
@@ -197,7 +177,6 @@ def test_run_with_a_sharded_emulator(tmp_path):
     out = tmp_path / "run.json"
     argv = [*SWITCHML, "run", "-n", "2", "--shards", "2", "--size", "1Mi", "--iters", "2"]
     p = run([*argv, "--dtype", "int32", "--json", str(out)])
-    assert p.returncode == 0, p.stderr
     assert "+1 shards on the next ports" in p.stderr and "verified 2 results" in p.stderr
     assert all(i["ok"] for i in json.loads(out.read_text())["iters"])
 
@@ -214,7 +193,6 @@ def test_run_command_mode_sets_the_environment(tmp_path):
         "ctx.close()\n"
     )
     p = run([*SWITCHML, "run", "--workers", "2", "--", sys.executable, str(script)])
-    assert p.returncode == 0, p.stderr
     assert "rank 0 of 2 ok" in p.stdout and "rank 1 of 2 ok" in p.stdout
 
 
@@ -229,9 +207,10 @@ def test_run_command_mode_reports_failing_workers(tmp_path):
             sys.executable,
             "-c",
             "import os, sys; sys.exit(3 if os.environ['RANK'] == '1' else 0)",
-        ]
+        ],
+        status=1,
     )
-    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert "Traceback" not in p.stderr
     last = p.stderr.strip().splitlines()[-1]
     assert last == "error: 1 of 2 workers failed: rank 1 (exit 3)"
 
@@ -248,7 +227,6 @@ def test_run_ignores_modules_in_the_working_directory(tmp_path):
         "raise ImportError  # what the probe expects off Windows\n"
     )
     p = run([*SWITCHML, "run", "--workers", "2", "--size", "64Ki", "--iters", "1"], cwd=tmp_path)
-    assert p.returncode == 0, p.stderr
     assert "verified 1 results" in p.stderr
 
 
@@ -285,25 +263,15 @@ def test_run_on_sigterm_stops_its_workers_and_emulator(tmp_path):
         "time.sleep(600)\n"
     )
     env = child_env(MARK=str(tmp_path / "started-"))
-    proc = subprocess.Popen(
-        [*SWITCHML, "run", "--workers", "2", "--", sys.executable, str(script)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while len(list(tmp_path.glob("started-*"))) < 2 and time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stderr.read()
-            time.sleep(0.05)
+    cmd = [*SWITCHML, "run", "--workers", "2", "--", sys.executable, str(script)]
+    with Watched(cmd, name="switchml run", env=env) as proc:
+        proc.wait_until(lambda: len(list(tmp_path.glob("started-*"))) == 2, 120, "its workers")
         kids = _children(proc.pid)
         assert len(kids) == 3  # the emulator and two workers
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-    assert proc.returncode == 143, err
+        proc.wait(60, "it to stop on SIGTERM")
+        err = proc.stderr()
+        assert proc.returncode == 143, proc.report()
     assert "Traceback" not in err and err.strip().splitlines()[-1] == "error: terminated"
     deadline = time.monotonic() + 10
     while any(_alive(k) for k in kids) and time.monotonic() < deadline:
@@ -315,8 +283,8 @@ def test_run_checks_the_json_path_before_the_run(tmp_path):
     """An unwritable --json fails at once, before any emulator or worker starts."""
     t0 = time.monotonic()
     bad = tmp_path / "no such dir" / "run.json"
-    p = run([*SWITCHML, "run", "-n", "2", "--json", str(bad)], timeout=60)
-    assert p.returncode == 1 and "cannot write --json" in one_line_error(p)
+    p = run([*SWITCHML, "run", "-n", "2", "--json", str(bad)], timeout=60, status=1)
+    assert "cannot write --json" in one_line_error(p)
     assert "starting a local emulator" not in p.stderr
     assert time.monotonic() - t0 < 20  # no emulator started (it takes seconds even warm)
     ok = tmp_path / "fresh.json"
@@ -349,8 +317,9 @@ def test_run_unreachable_switch_says_no_result_ever_arrived(tmp_path):
                 "64Ki",
             ],
             timeout=120,
+            status=1,
         )
-    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert "Traceback" not in p.stderr
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith("error: 2 of 2 workers failed: rank 0 (exit 2: the warm-up allreduce")
     assert "from the switch at 127.0.0.1:9" in last and "not one result" in last
@@ -404,8 +373,8 @@ def test_warm_up_says_it_compiles_only_on_a_first_run(tmp_path):
 
     env = child_env(NUMBA_CACHE_DIR=str(tmp_path / "numba"))
     argv = [sys.executable, "-m", "cli.worker", "--warm-up"]
-    first = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600, check=True)
-    again = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600, check=True)
+    first = run(argv, env=env, timeout=600)
+    again = run(argv, env=env, timeout=600)
     assert first.stdout.splitlines()[0] == COMPILING
     assert first.stdout.splitlines()[-1].startswith(WARM_PREFIX)
     assert COMPILING not in again.stdout and again.stdout.startswith(WARM_PREFIX)

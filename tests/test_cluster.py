@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ from click.testing import CliRunner
 from cli.main import switchml
 from cli.terminal import CLIError
 from swemu import rack as bc
-from swemu.launch import child_env
+from swemu.launch import Watched, child_env
 
 SWITCHML = [sys.executable, "-c", "from cli.main import switchml_main; switchml_main()"]
 
@@ -116,35 +115,32 @@ def test_sigterm_removes_the_rack_and_its_processes(netns, tmp_path):
     out = tmp_path / "r.json"
     argv = [*SWITCHML, "cluster", "run", "--rates", "0.5", "--workers", "2", "--sizes", "1Mi"]
     argv += ["--reps", "1000", "--methods", "ring", "--json", str(out), "--plot", ""]
-    proc = subprocess.Popen(argv, env=child_env(), stderr=subprocess.PIPE, text=True)
-    prefix = f"swml{proc.pid}-"
-    inside: list[int] = []
-    try:
-        # generous: with a cold Numba cache the rack's emulator compiles first (the
-        # loop ends as soon as the workers are in)
-        deadline = time.monotonic() + 120
+    with Watched(argv, name="switchml cluster run", env=child_env()) as proc:
+        prefix = f"swml{proc.pid}-"
         wanted = [f"{prefix}sw", f"{prefix}w0", f"{prefix}w1"]
-        while time.monotonic() < deadline and proc.poll() is None:
+
+        def inside() -> list[int]:
             # the emulator is serving and every worker has been started: a Python
             # process in each namespace (not a tc or ip helper run there while the
             # rack is set up, which once ended this wait with one pid)
             running = {ns: _python_pids(ns) for ns in wanted}
-            if all(running.values()):
-                inside = [p for pids in running.values() for p in pids]
-                break
-            time.sleep(0.1)
-        assert len(inside) >= 3, "the run did not get going"
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-            bc.cleanup_leftovers()
-    assert proc.returncode == 128 + signal.SIGTERM, err
+            return [p for pids in running.values() for p in pids] if all(running.values()) else []
+
+        try:
+            # generous: with a cold Numba cache the rack's emulator compiles first
+            pids = proc.wait_until(inside, 120, "the rack's emulator and workers")
+            assert len(pids) >= 3, pids
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30, "it to stop on SIGTERM")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                bc.cleanup_leftovers()
+        err = proc.stderr()
+        assert proc.returncode == 128 + signal.SIGTERM, proc.report()
     assert "Traceback" not in err and "the rack was removed" in err
     assert bc.leftovers(prefix) == []
-    assert not [p for p in inside if os.path.exists(f"/proc/{p}")]
+    assert not [p for p in pids if os.path.exists(f"/proc/{p}")]
 
 
 def test_cleanup_removes_only_dead_runs(netns):

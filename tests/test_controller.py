@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -42,6 +41,7 @@ from swemu.core.controller import (
 )
 from swemu.core.engine import Action, EmulatorTarget, EngineConfig, SwitchEngine
 from swemu.core.state import FaultCounter, FaultParam
+from swemu.launch import Watched, run
 from swemu.protocol import wire
 from swemu.protocol.proto import switchml_pb2 as pb
 from swemu.protocol.proto import switchml_pb2_grpc as pb_grpc
@@ -693,7 +693,7 @@ def test_switchml_ctl_dry_run_serves_hostlib(tmp_path):
     as it would join a Tofino (size code 1), the allreduce is exact, and the table
     writes the switch would get are printed."""
     ready = tmp_path / "ready.json"
-    out_path, err_path = tmp_path / "out.txt", tmp_path / "err.txt"
+    out_path = tmp_path / "out.txt"
     cmd = [
         sys.executable,
         str(REPO / "p4" / "controller" / "switchml_ctl.py"),
@@ -713,14 +713,8 @@ def test_switchml_ctl_dry_run_serves_hostlib(tmp_path):
         "1/02:00:00:00:00:01",
     ]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the script finds the repo
-    with out_path.open("w") as out, err_path.open("w") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=tmp_path)
-    try:
-        deadline = time.monotonic() + 60
-        while not ready.exists():
-            assert proc.poll() is None, err_path.read_text()
-            assert time.monotonic() < deadline, "controller did not start"
-            time.sleep(0.1)
+    with out_path.open("w") as out, Watched(cmd, stdout=out, env=env, cwd=tmp_path) as proc:
+        proc.wait_until(ready.exists, 60, "the controller's ready file")
         info = json.loads(ready.read_text())
         results: list = [None, None]
         threads = [
@@ -733,14 +727,8 @@ def test_switchml_ctl_dry_run_serves_hostlib(tmp_path):
             t.join(60)
         expected = np.arange(1000, dtype=np.int32) * 3
         assert all(r is not None and np.array_equal(r, expected) for r in results), results
-    finally:
         proc.send_signal(signal.SIGTERM)
-        try:
-            rc = proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-    assert rc == 0, err_path.read_text()
+        proc.expect(0, 20, "it to stop on SIGTERM")
     printed = out_path.read_text()
     assert printed.count(f"entry_add {bt.WORKER_BY_ADDRESS}") == 2
     assert f"-> {bt.SET_WORKER}(job_id=1, worker_id=1, worker_bit=2, num_workers=2" in printed
@@ -748,7 +736,7 @@ def test_switchml_ctl_dry_run_serves_hostlib(tmp_path):
 
 
 def test_switchml_ctl_without_sdk_says_so(tmp_path):
-    proc = subprocess.run(
+    proc = run(
         [
             sys.executable,
             str(REPO / "p4" / "controller" / "switchml_ctl.py"),
@@ -757,11 +745,9 @@ def test_switchml_ctl_without_sdk_says_so(tmp_path):
             "--control-port",
             "0",
         ],
-        capture_output=True,
-        text=True,
+        status=2,
         timeout=60,
         cwd=tmp_path,
     )
-    assert proc.returncode == 2
     assert "BF Runtime" in proc.stderr and "--target emulator" in proc.stderr
     assert "Traceback" not in proc.stderr

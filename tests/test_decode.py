@@ -515,10 +515,10 @@ def test_decoder_streams_and_holds_multicasts_until_final(tmp_path: Path) -> Non
 def test_decode_cli_streams_and_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
     """`switchml-emu decode big.pcap | head`: the first rows come, the pipe closes,
     the command ends with status 0 and says nothing on stderr."""
-    import subprocess
+    import os
     import sys
 
-    from swemu.launch import child_env
+    from swemu.launch import Watched, child_env
 
     path = tmp_path / "big.pcap"
     n = 20_000
@@ -527,16 +527,16 @@ def test_decode_cli_streams_and_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
     rank = np.arange(n) % 4
     with PcapWriter(path, max_packets=None) as w:
         w.write_batch(buf, np.full(n, buf.shape[1]), 0x0A000001 + rank, 40000 + rank, *SWITCH, T0)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "from cli.main import emu_main; emu_main()", "decode", str(path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=child_env(),
-    )
-    head = [proc.stdout.readline() for _ in range(3)]
-    proc.stdout.close()  # as `head -3` does
-    assert proc.wait(timeout=120) == 0
-    assert proc.stderr.read() == b""
+    cmd = [sys.executable, "-c", "from cli.main import emu_main; emu_main()", "decode", str(path)]
+    read, write = os.pipe()
+    with (
+        open(read, "rb") as pipe,
+        Watched(cmd, name="decode", stdout=write, env=child_env()) as proc,
+    ):
+        os.close(write)
+        head = [pipe.readline() for _ in range(3)]  # b"" at once if it exited
+        pipe.close()  # as `head -3` does
+        assert proc.expect(0, 120, "it to stop once its reader went away") == ""
     assert b"port:slot" in head[0] and b"0xbee3:4242" in head[1] and b"contribution" in head[1]
 
 

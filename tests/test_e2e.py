@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import queue
 import signal
 import subprocess
 import sys
@@ -16,9 +14,9 @@ import workers
 from workers import LENGTHS, rank_input
 
 import hostlib
-from hostlib.pytest_plugin import WorkerFailed, run_workers
+from hostlib.pytest_plugin import WorkerFailed, Workers, run_workers
 from hostlib.quant import error_bound
-from swemu.launch import EmulatorProcess
+from swemu.launch import ChildFailed, EmulatorProcess, Watched
 
 
 @pytest.fixture(scope="module")
@@ -79,36 +77,11 @@ def test_packet_sizes_and_windows(emulator):
 
 
 def test_dead_peer_makes_the_others_fail_in_time_and_emulator_recovers(emulator):
-    import multiprocessing
-    import os
-
-    from hostlib.pytest_plugin import _rank_main
-
-    mp = multiprocessing.get_context("spawn")
-    q = mp.Queue()
-    procs = [
-        mp.Process(
-            target=_rank_main,
-            args=(
-                os.getpid(),
-                r,
-                3,
-                emulator.switch,
-                emulator.control,
-                workers.die_or_wait,
-                (1,),
-                {"no_progress": 2.0},
-                q,
-            ),
-        )
-        for r in range(3)
-    ]
-    for p in procs:
-        p.start()
-    got = dict(q.get(timeout=60)[::2] for _ in range(2))  # the two survivors report
-    for p in procs:
-        p.join(10)
-    assert procs[1].exitcode == 17 and set(got) == {0, 2}
+    switch, control = emulator.switch, emulator.control
+    with Workers(switch, control, 3, workers.die_or_wait, 1, no_progress=2.0) as ranks:
+        got = ranks.results(60, ranks=(0, 2))  # the two survivors report; rank 1 dies
+        codes = ranks.exitcodes(10)
+    assert codes[1] == 17 and set(got) == {0, 2}
     for r in (0, 2):
         took, msg = got[r].split("|", 1)
         assert 2.0 <= float(took) < 6.0, got[r]
@@ -119,9 +92,16 @@ def test_dead_peer_makes_the_others_fail_in_time_and_emulator_recovers(emulator)
 
 
 def test_victim_exit_is_reported_when_a_rank_dies():
-    # run_workers itself reports a rank that died without a result
-    with EmulatorProcess() as emu, pytest.raises(WorkerFailed, match="exited without"):
-        run_workers(emu.switch, emu.control, 2, workers.die_or_wait, 0, no_progress=1.0, timeout=8)
+    # run_workers itself reports a rank that died without a result, as soon as
+    # it is gone, with the rank's exit status and stderr: not when the other
+    # rank gives up on it (no_progress), nor after run_workers' timeout
+    match = "rank 0 exited without a result: rank 0: exit status 17, its stderr:\nrank 0 dies"
+    with EmulatorProcess() as emu, pytest.raises(WorkerFailed, match=match):
+        t0 = time.monotonic()
+        run_workers(
+            emu.switch, emu.control, 2, workers.die_or_wait, 0, no_progress=600.0, timeout=900
+        )
+    assert time.monotonic() - t0 < 300  # the ranks' start-up, even on a loaded machine
 
 
 def test_unreachable_controller_names_the_address():
@@ -260,42 +240,37 @@ def test_ctrl_c_interrupts_a_blocked_allreduce(emulator):
         f"c = hostlib.connect(switch='127.0.0.1:9', control='{emulator.control}', no_progress=60)\n"
         "c.open()\n"
         "status = open('/proc/self/status').read().split('\\n')\n"
-        "print('waiting', signal.getsignal(signal.SIGINT).__name__,\n"
+        "handler = signal.getsignal(signal.SIGINT)\n"
+        "print('waiting', getattr(handler, '__name__', handler),\n"
         "      *[x.split()[1] for x in status if x.startswith(('SigBlk', 'SigIgn'))], flush=True)\n"
         "try:\n"
         "    c.allreduce(np.ones(1000, np.int32))\n"
         "except KeyboardInterrupt:\n"
         "    print('interrupted', c._actx.can_block, flush=True); sys.exit(3)\n"
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
-    said: list[str] = []
-    try:
-        first = lines.get(timeout=300).split()
-        # SIGINT neither blocked nor ignored (a child inherits both from its parent)
+    # started with SIGINT at its default action whatever this process inherited
+    # (a suite run as a background job of a non-interactive shell ignores it)
+    with Watched([sys.executable, "-c", code], name="the worker", stdout=subprocess.PIPE) as child:
+        first = child.readline(300, "the worker to join").split()
+        # hostlib neither blocked nor ignored SIGINT on its way into the wait
         assert first[:2] == ["waiting", "default_int_handler"], first
         assert int(first[2], 16) & 2 == 0 and int(first[3], 16) & 2 == 0, first
         # open() compiled everything (no signal can land in Numba's compiler,
         # where ctypes would swallow it); repeat the signal on a loaded machine
         # until the child says it was interrupted, then let it exit in peace
+        said = ""
         for _ in range(12):
             time.sleep(0.5)
-            proc.send_signal(signal.SIGINT)
-            with contextlib.suppress(queue.Empty):
-                said.append(lines.get(timeout=4).strip())
+            child.send_signal(signal.SIGINT)
+            try:
+                said = child.readline(4, "its answer to SIGINT").strip()
                 break
-        if said:
-            proc.wait(60)
-        else:  # still waiting: say where it is, then stop it
-            proc.send_signal(signal.SIGUSR1)
+            except ChildFailed:
+                if child.poll() is not None:  # it exited instead of answering
+                    raise
+        if not said:  # still waiting: say where it is
+            child.send_signal(signal.SIGUSR1)
             time.sleep(1)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-    err = proc.stderr.read()
-    assert said == ["interrupted True"], f"stdout: {said}\nstderr: {err}"
-    assert proc.returncode == 3, err
+            child.kill()
+        assert said == "interrupted True", child.report()
+        child.expect(3, 60, "it to exit after the interrupt")

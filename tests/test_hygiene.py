@@ -32,11 +32,11 @@ SLEEPER = (
 )
 
 
-def _wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None) -> None:
+def _wait_for(predicate, timeout: float, what: str) -> None:
+    """Wait for what a process we did not start does (a grandchild ending);
+    a wait on our own child is :meth:`launch.Watched.wait_until`."""
     deadline = time.monotonic() + timeout
     while not predicate():
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"{what}: the launcher exited with {proc.returncode} first")
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not within {timeout:g} s")
         time.sleep(0.05)
@@ -64,7 +64,7 @@ def _kill_all(procs: list[psutil.Process]) -> None:
             pass
 
 
-def _launch_run(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, Path]:
+def _launch_run(tmp_path: Path, *args: str) -> tuple[launch.Watched, Path]:
     """``switchml run --workers 2 --shards 2 ARGS -- SLEEPER`` with its own
     TMPDIR (other test runs on the machine make ``swemu-*`` dirs too)."""
     tmp = tmp_path / "tmp"
@@ -72,10 +72,9 @@ def _launch_run(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, Path]:
     script = tmp_path / "user.py"
     script.write_text(SLEEPER)
     env = child_env(MARK=str(tmp_path / "started-"), TMPDIR=str(tmp))
-    proc = subprocess.Popen(
+    proc = launch.Watched(
         [*SWITCHML, "run", "-n", "2", "--shards", "2", *args, "--", sys.executable, str(script)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        name="switchml run",
         env=env,
         start_new_session=True,  # a signal to it alone, as from `kill`, not to a terminal's group
     )
@@ -90,7 +89,7 @@ def test_run_killed_leaves_no_process_and_no_directory(tmp_path, sig):
     proc, tmp = _launch_run(tmp_path)
     kids: list[psutil.Process] = []
     try:
-        _wait_for(lambda: len(list(tmp_path.glob("started-*"))) == 2, 120, "workers", proc)
+        proc.wait_until(lambda: len(list(tmp_path.glob("started-*"))) == 2, 120, "its workers")
         kids = _descendants(proc.pid)
         # the emulator, its two shards, two workers
         assert len(kids) >= 5, [k.cmdline() for k in kids]
@@ -98,7 +97,7 @@ def test_run_killed_leaves_no_process_and_no_directory(tmp_path, sig):
         proc.wait(30)
         _wait_for(lambda: _gone(kids), 10, "children to end")
     finally:
-        proc.kill()
+        proc.close()
         _kill_all(kids)
     assert not list(tmp.iterdir())
     if sig == signal.SIGHUP:
@@ -121,25 +120,24 @@ def test_killed_during_emulator_start_leaves_no_directory(tmp_path):
         emu.start()
         """
     )
-    proc = subprocess.Popen(
+    proc = launch.Watched(
         [sys.executable, "-c", code],
+        name="the launcher",
         stdout=subprocess.PIPE,
         env=child_env(TMPDIR=str(tmp), NUMBA_CACHE_DIR=str(tmp_path / "numba")),
-        text=True,
     )
     kids: list[psutil.Process] = []
     try:
-        assert proc.stdout.readline() == "starting\n"
-        _wait_for(lambda: any(tmp.iterdir()) and _descendants(proc.pid), 30, "emulator", proc)
+        assert proc.readline(60) == "starting\n"
+        proc.wait_until(lambda: any(tmp.iterdir()) and _descendants(proc.pid), 30, "its emulator")
         kids = _descendants(proc.pid)
         time.sleep(3)  # into its start-up: importing, then compiling for 40 s or more
         assert any(tmp.iterdir()), "the emulator started already: the cache was not empty"
         proc.kill()
-        proc.wait(30)
         _wait_for(lambda: _gone(kids), 15, "the emulator to end")
         _wait_for(lambda: not any(tmp.iterdir()), 5, "its directory to go")
     finally:
-        proc.kill()
+        proc.close()
         _kill_all(kids)
 
 
@@ -167,15 +165,13 @@ def test_spawned_child_dies_with_a_sigkilled_parent(tmp_path):
         time.sleep(600)
         """
     )
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, env=child_env())
-    try:
-        child = psutil.Process(int(proc.stdout.readline()))
+    with launch.Watched(
+        [sys.executable, "-c", code], name="the parent", stdout=subprocess.PIPE, env=child_env()
+    ) as proc:
+        child = psutil.Process(int(proc.readline(60, "its child's pid")))
         assert child.is_running()
         proc.kill()
-        proc.wait(10)
         _wait_for(lambda: _gone([child]), 5, "the child to end")
-    finally:
-        proc.kill()
 
 
 PLUGIN_TEST = """
@@ -197,23 +193,22 @@ def test_pytest_plugin_fixtures_die_with_a_killed_pytest(tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     env = child_env(MARK=str(tmp_path / "started-"), TMPDIR=str(tmp))
-    proc = subprocess.Popen(
+    proc = launch.Watched(
         [sys.executable, "-m", "pytest", "-q", "test_user.py"],
+        name="pytest",
+        stdout=subprocess.STDOUT,  # its report, for the message of a failed wait
         cwd=tmp_path,
         env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
     )
     kids: list[psutil.Process] = []
     try:
-        _wait_for(lambda: len(list(tmp_path.glob("started-*"))) == 2, 120, "ranks", proc)
+        proc.wait_until(lambda: len(list(tmp_path.glob("started-*"))) == 2, 120, "its ranks")
         kids = _descendants(proc.pid)
         assert len(kids) >= 3, [k.cmdline() for k in kids]  # emulator, two ranks
         proc.kill()
-        proc.wait(10)
         _wait_for(lambda: _gone(kids), 10, "children to end")
     finally:
-        proc.kill()
+        proc.close()
         _kill_all(kids)
     assert not list(tmp.iterdir())
 
@@ -245,3 +240,79 @@ def test_wait_all_returns_the_codes_and_kills_what_a_timeout_leaves():
     with pytest.raises(subprocess.TimeoutExpired):
         launch.wait_all([slow, done], 0.5)
     assert slow.returncode == -signal.SIGKILL and done.returncode is not None
+
+
+def _ignored_and_blocked(out: str) -> tuple[int, int]:
+    fields = dict(line.split(":\t") for line in out.splitlines())
+    return int(fields["SigIgn"], 16), int(fields["SigBlk"], 16)
+
+
+def _bit(sig: int) -> int:
+    return 1 << (sig - 1)
+
+
+def test_spawn_can_start_a_child_with_default_signals():
+    """A parent that ignores SIGINT (a background job of a non-interactive
+    shell): ``default_signals`` gives the child every signal at its default
+    action, unblocked; without it the child keeps SIGINT ignored, as the shell
+    meant, but never SIGPIPE or SIGXFSZ (Popen's ``restore_signals``, which the
+    Python program that execs the command would otherwise undo)."""
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        cmd = ["grep", "^Sig\\(Ign\\|Blk\\)", "/proc/self/status"]
+        runs = {}
+        for default in (False, True):
+            p = launch.spawn(cmd, default_signals=default, stdout=subprocess.PIPE, text=True)
+            runs[default] = _ignored_and_blocked(p.communicate(timeout=30)[0])
+    finally:
+        signal.signal(signal.SIGINT, old)
+    ignored = runs[False][0]
+    assert ignored & _bit(signal.SIGINT)
+    assert not ignored & (_bit(signal.SIGPIPE) | _bit(signal.SIGXFSZ))
+    assert runs[True] == (0, 0)
+
+
+def test_a_wait_on_a_watched_child_ends_when_it_exits():
+    """Whatever a test waits for -- a line, a condition, the exit of several --
+    the wait fails as soon as the child exits, with its status and stderr."""
+    dies = [sys.executable, "-c", "import sys; sys.stderr.write('it broke here\\n'); sys.exit(7)"]
+    t0 = time.monotonic()
+    with (
+        launch.Watched(dies, stdout=subprocess.PIPE) as child,
+        pytest.raises(launch.ChildFailed) as line,
+    ):
+        child.readline(300, "the ready line")
+    with (
+        launch.Watched(dies, name="the server") as child,
+        pytest.raises(launch.ChildFailed) as cond,
+    ):
+        child.wait_until(lambda: False, 300, "its ready file")
+    sleeper = launch.Watched([sys.executable, "-c", "import time; time.sleep(600)"])
+    with launch.Watched(dies, name="rank 1") as rank1, sleeper:
+        with pytest.raises(launch.ChildFailed) as group:
+            launch.Watched.wait_all([sleeper, rank1], 300, "the ranks")
+        assert sleeper.returncode == -signal.SIGKILL  # it would have waited for rank 1
+    assert time.monotonic() - t0 < 150  # not one of the 300 s timeouts, even on a loaded machine
+    assert "waiting for the ready line:" in str(line.value)
+    assert "waiting for its ready file: the server (pid" in str(cond.value)
+    assert "waiting for the ranks: rank 1 (pid" in str(group.value)
+    for failed in (line, cond, group):
+        assert "exited with status 7; its stderr:\nit broke here" in str(failed.value)
+
+
+def test_a_watched_child_that_overruns_is_reported_running():
+    slow = "import sys, time; print('slow', file=sys.stderr, flush=True); time.sleep(600)"
+    with launch.Watched(
+        [sys.executable, "-c", slow], stdout=subprocess.PIPE, name="the sleeper"
+    ) as child:
+        child.wait_until(lambda: "slow" in child.stderr(), 60, "its first words")
+        with pytest.raises(launch.ChildFailed, match=r"not within 0\.5 s; the sleeper .* running"):
+            child.wait_until(lambda: False, 0.5, "nothing")
+        with pytest.raises(launch.ChildFailed, match=r"is still running; its stderr:\nslow"):
+            child.readline(0.5)
+        assert child.stop() == -signal.SIGTERM
+    with launch.Watched(
+        [sys.executable, "-c", "print('a'); print('b')"], stdout=subprocess.PIPE
+    ) as c:
+        assert [c.readline(60), c.readline(60)] == ["a\n", "b\n"]
+        assert c.expect(0, 60) == "" and c.stdout() == "a\nb\n"

@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 import shutil
 import struct
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from swemu.launch import run
 from swemu.observe.pcap import (
     MAX_UDP_PAYLOAD,
     CapturedPacket,
@@ -373,9 +373,7 @@ def test_tcpdump_reads_the_capture(tmp_path: Path) -> None:
     traffic = random_traffic(11, count=12)
     path = tmp_path / "td.pcap"
     write_all(path, traffic)
-    out = subprocess.run(
-        ["tcpdump", "-nn", "-v", "-r", str(path)], capture_output=True, text=True, check=True
-    ).stdout
+    out = run(["tcpdump", "-nn", "-v", "-r", str(path)], timeout=60).stdout
     assert out.count(" UDP, length ") == len(traffic)
     assert "bad cksum" not in out
 

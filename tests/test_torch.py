@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 
 from hostlib.pytest_plugin import run_workers  # noqa: E402
 from hostlib.quant import error_bound  # noqa: E402
-from swemu.launch import EmulatorProcess, child_env  # noqa: E402
+from swemu.launch import EmulatorProcess, Watched, child_env, run  # noqa: E402
 from swemu.protocol import wire  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -68,7 +68,7 @@ def _buckets(results: list[dict], dtype: str, kind: str) -> list[list[dict]]:
 
 def test_import_hostlib_does_not_import_torch():
     code = "import sys, hostlib; assert 'torch' not in sys.modules, 'torch was imported'"
-    subprocess.run([sys.executable, "-c", code], env=child_env(), check=True, timeout=60)
+    run([sys.executable, "-c", code], env=child_env(), timeout=60)
 
 
 def test_hook_matches_gloo_within_the_quantization_bound(hook_results):
@@ -198,22 +198,13 @@ def _train(emulator, out: Path, steps: int, timeout: float) -> dict:
             *("--comm", "switchml,gloo", "--steps", str(steps), "--hidden", "128"),
             *("--master-port", str(port), "--json", str(out)),
         ]
-        procs.append(
-            subprocess.Popen(
-                cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True
-            )
-        )
+        procs.append(Watched(cmd, name=f"rank {rank}", stdout=subprocess.STDOUT, env=env))
     try:
-        for p in procs:
-            p.wait(timeout)
+        # a rank that fails ends the wait at once (its peer would wait for it)
+        Watched.wait_all(procs, timeout, "the two ranks to train")
     finally:
         for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for rank, p in enumerate(procs):
-        assert p.returncode == 0, f"rank {rank} exited {p.returncode}: {p.stdout.read()}"
-        p.stdout.close()
+            p.close()
     return json.loads(out.read_text())
 
 

@@ -23,7 +23,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from swemu.launch import EmulatorProcess, child_env  # noqa: E402
+from swemu.launch import EmulatorProcess, child_env, spawn  # noqa: E402
 from swemu.observe.stats import fetch_stats  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -40,15 +40,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(out: Path, nproc: int, *args: str, timeout: float = 300, **env: str):
-    """``python -m torch.distributed.run --nproc-per-node N worker OUT ARGS`` with
-    ``env`` added; the finished process (stdout and stderr captured)."""
+def torchrun(
+    out: Path,
+    nproc: int,
+    *args: str,
+    timeout: float = 300,
+    max_restarts: int = 0,
+    **env: str,
+):
+    """``python -m torch.distributed.run --nproc-per-node N [--max-restarts R]
+    worker OUT ARGS`` with ``env`` added; the finished process (stdout and
+    stderr captured)."""
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--nproc-per-node",
         str(nproc),
+        *(["--max-restarts", str(max_restarts)] if max_restarts else []),
         "--master-addr",
         "127.0.0.1",
         "--master-port",
@@ -57,8 +66,9 @@ def torchrun(out: Path, nproc: int, *args: str, timeout: float = 300, **env: str
         str(out),
         *args,
     ]
-    proc = subprocess.Popen(
+    proc = spawn(
         cmd,
+        default_signals=True,  # whatever this process inherited (a background job)
         env=child_env(OMP_NUM_THREADS="1", **env),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -188,6 +198,63 @@ def test_the_emulator_aggregated_every_packet(run):
     assert after["released"]["explicit"] == 2
 
 
+def test_torchrun_restarts_the_group_after_a_rank_dies(tmp_path):
+    """torchrun's elastic restart, as a user runs it against a long-lived switch:
+    ``--max-restarts 1``, rank 1 crashes (``os._exit``) at step 5 of the first
+    attempt, torchrun restarts all three ranks, and the new group joins the same
+    emulator and trains to the end with identical replicas.
+
+    torchrun's default (static) rendezvous keeps one store for all attempts, so
+    the second attempt found the first one's gloo addresses there; without the
+    per-attempt part of the store (``attempt_store``) its gloo group connected to
+    the dead ranks' ports or waited for them, and never reached the switch."""
+    with EmulatorProcess() as emu:
+        proc = torchrun(
+            tmp_path,
+            W,
+            "--elastic",
+            timeout=300,  # a hang (the ranks' stacks come at 150 s) fails it in bounded time
+            max_restarts=1,
+            SWITCHML_CONTROL=emu.control,
+            SWITCHML_SWITCH=emu.switch,
+        )
+        after = fetch_stats(emu.control)
+    assert proc.returncode == 0, f"torchrun exited {proc.returncode}:\n{proc.stderr[-6000:]}"
+    joined = {
+        (a, r): json.loads((tmp_path / f"joined-{a}-{r}.json").read_text())
+        for a in (0, 1)
+        for r in range(W)
+    }
+    first = {joined[0, r]["session_id"] for r in range(W)}
+    second = {joined[1, r]["session_id"] for r in range(W)}
+    # each attempt is one SwitchML job of its own on the switch
+    assert len(first) == 1 and len(second) == 1 and first != second
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(W)]
+    assert all(r["attempt"] == 1 and r["session_id"] in second for r in ranks)
+    assert all(r["identical"] and r["moved"] > 0 for r in ranks)
+    assert len({r["digest"] for r in ranks}) == 1
+    # every step's gradients went through the switch
+    assert all(r["switch_calls"] >= r["steps"] for r in ranks)
+    # the second attempt released its job; the first one's ranks were killed
+    # mid-call and left theirs (freed by the idle timeout)
+    assert after["released"]["explicit"] == 1
+    assert [j["session_id"] for j in after["jobs"]] == list(first)
+
+
+def test_a_restarted_attempt_does_not_see_the_last_ones_keys():
+    """The store torchrun keeps across restarts, as two attempts see it."""
+    import torch.distributed as dist
+
+    from hostlib.torch_backend import attempt_store
+
+    store = dist.HashStore()
+    before = attempt_store(store, {"TORCHELASTIC_RESTART_COUNT": "0"})
+    before.set("gloo/0", "a dead rank's address")
+    again = attempt_store(store, {"TORCHELASTIC_RESTART_COUNT": "1"})
+    assert not again.check(["gloo/0"])
+    assert attempt_store(store, {}).get("gloo/0") == b"a dead rank's address"  # no torchrun: 0
+
+
 def test_no_switch_is_one_clear_error(tmp_path):
     """A control plane nobody serves: init_process_group fails with one message
     that names SWITCHML_CONTROL and the address (torchrun stops the other rank
@@ -201,7 +268,7 @@ def test_no_switch_is_one_clear_error(tmp_path):
         SWITCHML_CONTROL=f"127.0.0.1:{port}",
         SWITCHML_CONNECT_TIMEOUT="2",
     )
-    assert proc.returncode != 0
+    assert proc.returncode != 0, proc.stderr[-4000:]
     # the last line of a rank's traceback, with or without torch's "[rankN]: "
     lines = [
         line

@@ -26,7 +26,7 @@ import hostlib
 import swemu
 from cli.main import emu as emu_cli
 from swemu.core.engine import EngineConfig
-from swemu.launch import child_env
+from swemu.launch import Watched, child_env
 from swemu.observe.stats import fetch_stats
 from swemu.observe.tui import (
     SPARK_BLOCKS,
@@ -290,20 +290,13 @@ def test_serve_tui_and_top_show_a_running_emulator(tmp_path: Path):
     ready = tmp_path / "ready.json"
     cmd = [sys.executable, "-m", "cli.main", "serve", "--tui", "--host", "127.0.0.1"]
     cmd += ["--port", "0", "--control-port", "0", "--log-level", "warning"]
-    proc = subprocess.Popen(
+    with Watched(
         [*cmd, "--ready-file", str(ready)],
+        name="serve --tui",
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
         env=child_env(COLUMNS="140"),
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while not ready.exists():
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the emulator did not start"
-            time.sleep(0.05)
+    ) as proc:
+        proc.wait_until(ready.exists, 60, "its ready file")
         info = json.loads(ready.read_text())
         control = "%s:%d" % tuple(info["control"])
         with hostlib.connect(
@@ -330,10 +323,9 @@ def test_serve_tui_and_top_show_a_running_emulator(tmp_path: Path):
         line = f"in {c['pkts_in']}   aggregated 4   retransmissions {c['retransmissions']}"
         assert f"{line}   out {c['pkts_out']}" in r.output
         time.sleep(0.6)  # at least one refresh of the serving terminal's view
-    finally:
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=20)
-    assert proc.returncode == 0, err
+        proc.expect(0, 20, "it to stop on SIGTERM")
+        out = proc.stdout()
     # stdout is not a terminal: the view is printed once, at exit
     assert out.count(f"switchml-emu {swemu.__version__}") == 1, out
     assert f"job {sid} · 1 workers" in out and f"switch pkts in {c['pkts_in']}" in out

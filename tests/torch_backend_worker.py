@@ -9,6 +9,13 @@ own results against the exact ones; the test compares the ranks' digests and
 the emulator's counters.
 
 ``--init-only``: join and leave (the test of the error when no switch answers).
+
+``--elastic``: under ``torchrun --max-restarts 1``, train a small DDP model for
+:data:`ELASTIC_STEPS` steps; rank 1 of the first attempt dies at step
+:data:`ELASTIC_DIES_AT` (``os._exit``: a crash, nothing cleaned up), torchrun
+restarts every rank, and the second attempt trains to the end. Each rank writes
+``joined-<attempt>-<rank>.json`` once its group is up and, at the end,
+``rank<R>.json``.
 """
 
 # No ``from __future__ import annotations``: DDP inspects hook annotations.
@@ -32,6 +39,8 @@ from swemu.protocol import wire
 
 #: lengths of the allreduce checks: odd ones, one value, several chunks of any size code
 LENGTHS = (1, 7, 2049, 30011)
+#: ``--elastic``: training steps, and the step at which rank 1 of the first attempt dies
+ELASTIC_STEPS, ELASTIC_DIES_AT = 10, 5
 
 
 def _digest(t: torch.Tensor) -> str:
@@ -258,6 +267,47 @@ def checks(out: dict, rank: int, size: int) -> None:
     out["stats"] = world.switchml_stats()
 
 
+def elastic(out: dict, out_dir: Path, rank: int, size: int) -> None:
+    """``--elastic`` (see the module docstring): the replicas' final parameters
+    are compared across ranks; every gradient went through the switch."""
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    world = dist.group.WORLD
+    joined = {"attempt": attempt, "rank": rank, "session_id": world.session_id}
+    (out_dir / f"joined-{attempt}-{rank}.json").write_text(json.dumps(joined))
+    net = _small_net()
+    start = _flat(net)
+    ddp = nn.parallel.DistributedDataParallel(net)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(rank)
+    for step in range(ELASTIC_STEPS):
+        if attempt == 0 and rank == 1 and step == ELASTIC_DIES_AT:
+            os._exit(1)
+        x, y = torch.randn(16, 20, generator=g), torch.randint(0, 4, (16,), generator=g)
+        opt.zero_grad()
+        nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+    flat = _flat(net)
+    replicas = [torch.zeros_like(flat) for _ in range(size)]
+    dist.all_gather(replicas, flat)
+    out.update(
+        joined,
+        steps=ELASTIC_STEPS,
+        identical=all(torch.equal(r, flat) for r in replicas),
+        digest=_digest(flat),
+        moved=float((flat - start).abs().max()),
+        switch_calls=world.switchml_stats()["calls"],
+    )
+
+
+def _small_net() -> nn.Module:
+    torch.manual_seed(0)  # the same initial parameters on every rank
+    return nn.Sequential(nn.Linear(20, 64), nn.Tanh(), nn.Linear(64, 4))
+
+
+def _flat(net: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in net.parameters()]).clone()
+
+
 def _fresh():
     torch.manual_seed(0)
     return nn.Sequential(
@@ -274,7 +324,9 @@ def main() -> int:
     dist.init_process_group("switchml")
     rank, size = dist.get_rank(), dist.get_world_size()
     out: dict = {"rank": rank, "world_size": size, "init_s": time.monotonic() - t0}
-    if "--init-only" not in sys.argv:
+    if "--elastic" in sys.argv:
+        elastic(out, out_dir, rank, size)
+    elif "--init-only" not in sys.argv:
         checks(out, rank, size)
     dist.destroy_process_group()
     faulthandler.cancel_dump_traceback_later()

@@ -66,8 +66,10 @@ def die_or_wait(ctx: hostlib.Context, victim: int) -> str:
     x = np.ones(16 << 20, np.int32)
     ctx.allreduce(np.ones(10, np.int32))  # everyone is in
     if ctx.rank == victim:
+        import sys
         import threading
 
+        print(f"rank {ctx.rank} dies in the next allreduce", file=sys.stderr, flush=True)
         threading.Timer(0.01, lambda: os._exit(17)).start()
         ctx.allreduce(x)
         time.sleep(60)

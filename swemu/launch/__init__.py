@@ -11,6 +11,8 @@ sits below everything that launches.
 - :mod:`.emulator`: :class:`EmulatorProcess` (``switchml-emu serve`` on free
   ports) and its temporary directories (:func:`sweep_stale_dirs`);
 - :mod:`.child`: the emulator's child program (run a module, remove a directory);
+- :mod:`.watch`: :class:`Watched`, a child whose every wait ends when it exits
+  (:class:`ChildFailed` with its exit status and stderr), and :func:`run`;
 - :mod:`.torchrun`: :func:`torchrun_envs`, what torchrun sets for each rank.
 
 May import: nothing of the project.
@@ -27,15 +29,19 @@ from .process import (
     wait_all,
 )
 from .torchrun import torchrun_envs
+from .watch import ChildFailed, Watched, run
 
 __all__ = [
     "CHILD_CWD",
     "DIR_PREFIX",
     "PR_SET_PDEATHSIG",
+    "ChildFailed",
     "EmulatorProcess",
+    "Watched",
     "child_env",
     "die_with_parent",
     "numba_cache_env",
+    "run",
     "spawn",
     "sweep_stale_dirs",
     "torchrun_envs",

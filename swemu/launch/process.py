@@ -67,21 +67,42 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGTERM) -> None:
 
 
 #: the child's first program where ``PR_SET_PDEATHSIG`` is available: it sets the
-#: death signal, ends at once if its parent is already gone, then becomes the
-#: command (the setting survives ``execv``); only ``os``, ``signal`` and ``ctypes``
+#: death signal, ends at once if its parent is already gone, resets the listed
+#: signals to their default action and, if asked, unblocks every signal, then
+#: becomes the command (the settings survive ``execv``); only ``os``, ``signal``
+#: and ``ctypes``
 _EXEC_WITH_PARENT = (
     "import ctypes, os, signal, sys\n"
     "ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)\n"
     "if os.getppid() != int(sys.argv[1]):\n"
     "    os.kill(os.getpid(), signal.SIGTERM)\n"
-    "os.execv(sys.argv[2], sys.argv[2:])\n"
+    "for s in map(int, filter(None, sys.argv[2].split(','))):\n"
+    "    try:\n"
+    "        signal.signal(s, signal.SIG_DFL)\n"
+    "    except (OSError, ValueError):\n"
+    "        pass\n"
+    "if sys.argv[3] == '1':\n"
+    "    signal.pthread_sigmask(signal.SIG_SETMASK, ())\n"
+    "os.execv(sys.argv[4], sys.argv[4:])\n"
 )
 
+#: what ``Popen(restore_signals=True)`` resets, and the Python interpreter that
+#: runs :data:`_EXEC_WITH_PARENT` sets to "ignored" again (an ignored signal
+#: stays ignored across ``execv``)
+_RESTORED = (signal.SIGPIPE, signal.SIGXFSZ)
 
-def spawn(cmd: Sequence[str], **kwargs: Any) -> subprocess.Popen:
+
+def spawn(cmd: Sequence[str], *, default_signals: bool = False, **kwargs: Any) -> subprocess.Popen:
     """:class:`subprocess.Popen` for a child that is sent SIGTERM when this
     process (precisely: the calling thread) ends, however it ends, SIGKILL
     included. Keyword arguments go to Popen.
+
+    ``default_signals``: the child starts with every signal at its default
+    action and none blocked, whatever this process inherited. Without it the
+    child inherits what Popen passes on: a background job of a non-interactive
+    shell ignores SIGINT and SIGQUIT, ``nohup`` SIGHUP, and so do its
+    children -- as the shell meant, for a launcher; a test that interrupts its
+    child must not depend on it.
 
     The death signal is set by a small Python program that then execs the
     command (same process, same pid), not by a ``preexec_fn``: a
@@ -106,7 +127,20 @@ def spawn(cmd: Sequence[str], **kwargs: Any) -> subprocess.Popen:
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
     elif not os.access(path, os.X_OK):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
-    wrapper = [sys.executable, "-c", _EXEC_WITH_PARENT, str(os.getpid()), path, *argv[1:]]
+    if default_signals:
+        reset = sorted(set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP})
+    else:
+        reset = list(_RESTORED) if kwargs.get("restore_signals", True) else []
+    wrapper = [
+        sys.executable,
+        "-c",
+        _EXEC_WITH_PARENT,
+        str(os.getpid()),
+        ",".join(str(int(s)) for s in reset),
+        "1" if default_signals else "0",
+        path,
+        *argv[1:],
+    ]
     return subprocess.Popen(wrapper, **kwargs)
 
 
