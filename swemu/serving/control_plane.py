@@ -155,17 +155,21 @@ class SessionService(pb_grpc.SessionServicer):
     ) -> pb.ReleaseResponse:
         """A rank is done with its job; the job is freed once all its ranks are
         (:meth:`SessionController.release_rank`). Unknown sessions are not an
-        error: the job may already have been freed some other way."""
+        error: the job may already have been freed some other way. The address
+        is taken as :meth:`UdpSession` took it: by IP alone (``--identify-by
+        ip``), the ``udp_port`` a worker names is not part of it. A release the
+        session refuses (not the address it holds for the rank) is logged as a
+        warning: it leaves the job to its idle timeout."""
         ipv4 = request.ipv4 or peer_ipv4(context)
+        udp_port = request.udp_port if self.by_port else 0
         if self.fabric is not None and self.fabric.active:
             up = pb.ReleaseRequest()
             up.CopyFrom(request)
-            up.ipv4 = ipv4
-            up.udp_port = request.udp_port if self.by_port else 0
+            up.ipv4, up.udp_port = ipv4, udp_port
             return await self._fabric_call(context, self.fabric.release(up), "Release", request)
         try:
             found, freed, remaining = self.controller.release_rank(
-                request.session_id, request.rank, ipv4, request.udp_port
+                request.session_id, request.rank, ipv4, udp_port
             )
             if freed and self.commit is not None:
                 await self.commit()
@@ -175,6 +179,25 @@ class SessionService(pb_grpc.SessionServicer):
             raise  # unreachable: abort raises
         if freed:
             log.info("session %d released by its workers", request.session_id)
+        elif not found and remaining:
+            held = self.controller.sessions[request.session_id].workers.get(request.rank)
+            log.warning(
+                "refused Release(session=%d rank=%d) from %s:%d: the session holds %s for "
+                "that rank; the job stays until --idle-timeout",
+                request.session_id,
+                request.rank,
+                ipaddress.IPv4Address(ipv4),
+                udp_port,
+                "no address"
+                if held is None
+                else f"{ipaddress.IPv4Address(held.ipv4)}:{held.udp_port}",
+            )
+        elif not found:
+            log.info(
+                "Release(session=%d rank=%d): no such session (already freed?)",
+                request.session_id,
+                request.rank,
+            )
         return pb.ReleaseResponse(found=found, freed=freed, remaining=remaining)
 
     async def UdpSession(
