@@ -60,7 +60,7 @@ def main() -> int:
                 row = {"time": dt, "ok": ok, "worst": worst, **ctx.last_stats}
                 report["iters"].append(row)
                 print(ITER_PREFIX + json.dumps({"rank": rank, "iter": it, **row}), flush=True)
-    except hostlib.SwitchMLError as exc:
+    except (hostlib.SwitchMLError, OSError) as exc:  # one line in the report, not a traceback
         report["error"] = _in_table_terms(str(exc), phase)
         report["failed_iter"] = it if it >= 0 else None
         print(RESULT_PREFIX + json.dumps(report), flush=True)

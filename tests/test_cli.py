@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
 import socket
 import subprocess
@@ -215,10 +217,44 @@ def test_run_command_mode_sets_the_environment(tmp_path):
     )
     p = run([*SWITCHML, "run", "--workers", "2", "--", sys.executable, str(script)])
     assert p.returncode == 0, p.stderr
-    assert "rank 0 of 2 ok" in p.stdout and "rank 1 of 2 ok" in p.stdout
+    assert "[rank0]: rank 0 of 2 ok" in p.stdout and "[rank1]: rank 1 of 2 ok" in p.stdout
 
 
-def test_run_command_mode_reports_failing_workers(tmp_path):
+def test_run_command_mode_prefixes_each_line_with_its_rank(tmp_path):
+    """Each rank's output (stdout and stderr apart) reaches the user line by
+    line, each line prefixed with its rank (as torchrun's ``[rank0]:``), never
+    two ranks within one line, however the ranks write: here each writes its
+    lines in pieces, flushed one by one, all ranks at once; a last line
+    without a newline arrives too."""
+    script = tmp_path / "user.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "r = os.environ['RANK']\n"
+        "for i in range(20):\n"
+        "    for stream in (sys.stdout, sys.stderr):\n"
+        "        for piece in ('rank', f' {r} ', f'line {i}', f' {r}\\n'):\n"
+        "            stream.write(piece)\n"
+        "            stream.flush()\n"
+        "            time.sleep(0.001)\n"
+        "sys.stdout.write(f'no newline {r}')\n"
+    )
+    p = run([*SWITCHML, "run", "--workers", "3", "--", sys.executable, str(script)])
+    assert p.returncode == 0, p.stderr
+    for stream in (p.stdout, p.stderr):
+        mine = [line for line in stream.splitlines() if line.startswith("[rank")]
+        for r in range(3):
+            lines = [line for line in mine if line.startswith(f"[rank{r}]: ")]
+            want = [f"[rank{r}]: rank {r} line {i} {r}" for i in range(20)]
+            if stream is p.stdout:
+                want.append(f"[rank{r}]: no newline {r}")
+            assert lines == want, stream
+    assert all(line.startswith("[rank") for line in p.stdout.splitlines()), p.stdout
+
+
+def test_run_command_mode_stops_the_others_when_a_rank_fails(tmp_path):
+    """A rank that exits with an error is said at once, in one line, and the
+    other ranks (here: one that would sleep for a minute) are stopped at once."""
+    t0 = time.monotonic()
     p = run(
         [
             *SWITCHML,
@@ -228,12 +264,13 @@ def test_run_command_mode_reports_failing_workers(tmp_path):
             "--",
             sys.executable,
             "-c",
-            "import os, sys; sys.exit(3 if os.environ['RANK'] == '1' else 0)",
+            "import os, sys, time; time.sleep(60) if os.environ['RANK'] == '0' else sys.exit(3)",
         ]
     )
     assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert time.monotonic() - t0 < 50  # not the minute rank 0 would sleep
     last = p.stderr.strip().splitlines()[-1]
-    assert last == "error: 1 of 2 workers failed: rank 1 (exit 3)"
+    assert last == "error: rank 1 exited with status 3; stopping the other ranks"
 
 
 def test_run_ignores_modules_in_the_working_directory(tmp_path):
@@ -352,9 +389,79 @@ def test_run_unreachable_switch_says_no_result_ever_arrived(tmp_path):
         )
     assert p.returncode == 1 and "Traceback" not in p.stderr
     last = p.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: 2 of 2 workers failed: rank 0 (exit 2: the warm-up allreduce")
+    assert re.match(r"error: rank [01] failed: the warm-up allreduce", last), last
     assert "from the switch at 127.0.0.1:9" in last and "not one result" in last
     assert "slots finished" not in last and "allreduce #" not in last
+    assert p.stderr.count("error:") == 1, p.stderr  # said once, by the first to give up
+
+
+def test_run_an_unresolvable_switch_is_one_line_before_anything_starts():
+    """``--switch``/``--control`` hosts are resolved before anything starts: one
+    line, not a traceback from every worker."""
+    for args in (
+        ["--switch", "nosuchhost.invalid:47000", "--control", "127.0.0.1:9"],
+        ["--switch", "127.0.0.1:47000", "--control", "nosuchhost.invalid:50099"],
+        ["--switch", "nosuchhost.invalid"],
+    ):
+        p = run([*SWITCHML, "run", "--workers", "2", *args], timeout=60)
+        err = one_line_error(p)
+        assert p.returncode == 1 and "cannot resolve 'nosuchhost.invalid'" in err, err
+        option = "--control" if "--control nosuchhost" in " ".join(args) else "--switch"
+        assert err.startswith(f"error: {option} nosuchhost.invalid"), err
+
+
+def _rank_pid(launcher: int, rank: int) -> int | None:
+    """The pid of a child of ``launcher`` that is worker ``rank`` (its RANK)."""
+    for kid in _children(launcher):
+        try:
+            env = Path(f"/proc/{kid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env and any(e.startswith(b"SWITCHML_RUN_") for e in env):
+            return kid
+    return None
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+def test_run_a_killed_worker_is_said_at_once_and_the_others_stop(tmp_path):
+    """``kill -9`` of one built-in worker in the middle of a run: the launcher
+    says so in one line at once (not after the others gave up on the switch,
+    ``--no-progress`` later, blaming it), stops the other ranks and the
+    emulator, and exits non-zero."""
+    out = tmp_path / "run.json"
+    argv = ["run", "--workers", "3", "--size", "4Mi", "--iters", "100000", "--no-progress", "60"]
+    proc = subprocess.Popen(
+        [*SWITCHML, *argv, "--json", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    try:
+        deadline = time.monotonic() + 240
+        victim = None
+        while victim is None:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+            victim = _rank_pid(proc.pid, 1)
+        kids = _children(proc.pid)
+        time.sleep(3)  # in its iterations (or joining: the launcher must not care)
+        os.kill(victim, signal.SIGKILL)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, err
+    assert took < 30, took  # not --no-progress (60 s) and more
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert lines == ["error: rank 1 was killed by signal 9 (SIGKILL); stopping the other ranks"]
+    assert "unreachable" not in err and "Traceback" not in err
+    assert json.loads(out.read_text())["failed"] == [lines[0][len("error: ") :].split(";")[0]]
+    deadline = time.monotonic() + 10
+    while any(_alive(k) for k in kids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(k) for k in kids)
 
 
 def test_worker_errors_use_the_tables_iteration_numbers():
