@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -517,3 +518,58 @@ def test_warm_up_says_it_compiles_only_on_a_first_run(tmp_path):
     assert first.stdout.splitlines()[-1].startswith(WARM_PREFIX)
     assert COMPILING not in again.stdout and again.stdout.startswith(WARM_PREFIX)
     assert list((tmp_path / "numba").rglob("*.nbi"))
+
+
+def test_compiling_is_said_only_when_numba_compiles(caplog):
+    """``compiling_said`` (around the emulator's warm-up) logs as the first
+    compilation begins and how long it took, and nothing when every kernel
+    is already compiled (a warm cache)."""
+    from numba import njit
+
+    from swemu.protocol.jit import compiling_said
+
+    fresh = njit(lambda x: x + 1)  # not cached: compiles on its first call
+    log = logging.getLogger("test.compile")
+    with caplog.at_level("INFO", logger="test.compile"):
+        with compiling_said(log):
+            assert fresh(1) == 2
+        said = [r.getMessage() for r in caplog.records]
+        assert said[0].startswith("compiling kernels (first start only")
+        assert re.fullmatch(r"compiled the kernels in \d+\.\d s", said[1]) and len(said) == 2
+        caplog.clear()
+        with compiling_said(log):
+            assert fresh(2) == 3  # compiled already
+        assert caplog.records == []
+
+
+@pytest.mark.slow
+def test_serve_says_it_compiles_on_a_first_start(tmp_path):
+    """``switchml-emu serve`` in an empty Numba cache says it is compiling
+    before it serves (it is silent for those seconds otherwise); started again
+    in that cache, it loads the kernels and does not."""
+    env = child_env(NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    said = []
+    for start in range(2):
+        ready = tmp_path / f"ready{start}.json"
+        argv = ["serve", "--host", "127.0.0.1", "--port", "0", "--control-port", "0"]
+        proc = subprocess.Popen(
+            [*EMU, *argv, "--ready-file", str(ready)],
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        try:
+            deadline = time.monotonic() + 600
+            while not ready.exists():
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.1)
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+        said.append(err)
+    first, again = said
+    assert "compiling kernels (first start only" in first
+    assert first.index("compiling kernels") < first.index("switchml-emu serving")
+    assert re.search(r"compiled the kernels in \d+\.\d s", first)
+    assert "compiling" not in again and "switchml-emu serving" in again

@@ -42,6 +42,7 @@ from swemu.observe.metrics import MetricsServer
 from swemu.observe.pcap import DEFAULT_MAX_BYTES, DEFAULT_MAX_PACKETS, PcapWriter
 from swemu.observe.stats import EmulatorControlService, FaultHandler, add_to_server
 from swemu.protocol import fastio
+from swemu.protocol.jit import compiling_said
 from swemu.protocol.netutil import (
     SWITCH_BUFFER_BYTES,
     buffer_advice,
@@ -277,8 +278,9 @@ class Emulator:
         is answered at once (a p4app-switchML client that registered during the
         compilation got ``CANCELLED``)."""
         self._loop = asyncio.get_running_loop()
-        dataplane_warmup(self._loop, tap=self._pcap is not None)  # its receive path first
-        warmup()
+        with compiling_said(log):
+            dataplane_warmup(self._loop, tap=self._pcap is not None)  # its receive path first
+            warmup()
         self._sock = bind_udp(self.host, self.requested_port)
         self.port = self._sock.getsockname()[1]
         advice = buffer_advice(receive_buffer(self._sock), SWITCH_BUFFER_BYTES, "the emulator")
