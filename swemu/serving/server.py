@@ -86,7 +86,8 @@ class PcapTap:
             raise OSError(f"cannot write the capture {path}: {exc.strerror or exc}") from None
         self.path = path
         self.switch_ip, self.switch_port = switch
-        # the data plane's `now` is the loop's monotonic clock; pcap wants epoch time
+        # pcap wants epoch time to the µs: time.monotonic() (ns) plus this offset.
+        # Not the data plane's `now`: uvloop's loop.time() moves in whole ms.
         self.clock_offset = clock_offset
         self.dropped = 0  # counted here once the writer is full (it is not called any more)
         self.failed: str | None = None
@@ -97,7 +98,7 @@ class PcapTap:
         if w.full or self.failed is not None:
             self.dropped += n + nd
             return
-        ts = now + self.clock_offset
+        ts = time.monotonic() + self.clock_offset
         try:
             w.write_batch(
                 batch.buf,
@@ -333,7 +334,7 @@ class Emulator:
                     (switch_ipv4, self.port),
                     max_packets=max_packets,
                     max_bytes=max_bytes,
-                    clock_offset=time.time() - self._loop.time(),
+                    clock_offset=time.time() - time.monotonic(),
                 )
         except BaseException:
             await self._close_listeners()
