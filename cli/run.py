@@ -23,6 +23,8 @@ SIGTERM and Ctrl-C: the workers are killed, the emulator stopped in order.
 
 from __future__ import annotations
 
+import re
+
 import click
 
 from .terminal import SIZE, CLIError, terminal
@@ -445,6 +447,7 @@ def _launch(
         )
         if command:  # its output goes through a pipe: line by line, not at exit
             env.setdefault("PYTHONUNBUFFERED", "1")
+            env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TensorFlow's INFO lines: off
         cmd = list(command) if command else [sys.executable, "-m", "cli.worker"]
         try:
             procs.append(
@@ -464,11 +467,12 @@ def _launch(
     out = [_Lines(p.stdout) for p in procs]
     err = [_Lines(p.stderr) for p in procs] if command else []
     reports: dict[int, dict] = {}
+    quiet = _tensorflow_quiet(env.get("TF_CPP_MIN_LOG_LEVEL"))
 
     def take(rank: int, final: bool = False) -> None:
         if command:
             _forward(sys.stdout, rank, out[rank].read(final))
-            _forward(sys.stderr, rank, err[rank].read(final))
+            _forward(sys.stderr, rank, [x for x in err[rank].read(final) if not quiet(x)])
             return
         for line in out[rank].read(final):
             if line.startswith(ITER_PREFIX):
@@ -544,6 +548,27 @@ def _first_failure(procs, reports: dict[int, dict], take, *, builtin: bool) -> s
             return f"rank {rank} failed: {report['error']}"
         return f"rank {rank} exited with status {rc}"
     return None
+
+
+#: absl's lines from before TensorFlow sets up its logging, which its
+#: TF_CPP_MIN_LOG_LEVEL does not reach (TensorFlow 2.16 and later print them at
+#: every start, oneDNN's notice among them): INFO lines, and the notice that
+#: they go to stderr.
+ABSL_EARLY_INFO = re.compile(
+    r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to "
+    r"STDERR$|I\d{4} \d\d:\d\d:\d+(?:\.\d+)? +\d+ \S+:\d+\] "
+)
+
+
+def _tensorflow_quiet(level: str | None):
+    """Which lines of a rank's stderr to drop: TF_CPP_MIN_LOG_LEVEL (the
+    user's, else the launcher's 1) applied to absl's early INFO lines, which
+    TensorFlow does not filter itself; 0 keeps them."""
+    try:
+        quiet = int(level or 0) >= 1
+    except ValueError:
+        quiet = False
+    return (lambda line: ABSL_EARLY_INFO.match(line) is not None) if quiet else (lambda line: False)
 
 
 def _forward(stream, rank: int, lines: list[str]) -> None:

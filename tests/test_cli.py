@@ -573,3 +573,22 @@ def test_serve_says_it_compiles_on_a_first_start(tmp_path):
     assert first.index("compiling kernels") < first.index("switchml-emu serving")
     assert re.search(r"compiled the kernels in \d+\.\d s", first)
     assert "compiling" not in again and "switchml-emu serving" in again
+
+
+def test_tensorflow_early_absl_lines_follow_tf_cpp_min_log_level():
+    """absl's INFO lines from before TensorFlow sets up its logging ignore
+    TF_CPP_MIN_LOG_LEVEL; the launcher applies it to them (its own default 1:
+    INFO off), and keeps them when the level is 0."""
+    from cli.run import _tensorflow_quiet
+
+    early = [
+        "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+        "I0000 00:00:1796571127.211796   17285 port.cc:153] oneDNN custom operations are on.",
+        "I1114 09:32:22.280168 13509 tpu_hal.cc:448] Registered plugin",
+    ]
+    kept = ["E0000 00:00:1796571127.2 17285 x.cc:1] an error", "Epoch 1/3", "I am a line"]
+    for level in ("1", "2", "3"):
+        quiet = _tensorflow_quiet(level)
+        assert all(quiet(line) for line in early) and not any(quiet(line) for line in kept)
+    for level in ("0", None, "nonsense"):
+        assert not any(_tensorflow_quiet(level)(line) for line in early + kept)
