@@ -639,9 +639,28 @@ async def start_control_server(
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         bound = server.add_insecure_port(target)
-    except RuntimeError as exc:
-        raise OSError(f"cannot listen for gRPC on {target}: {exc}") from None
+    except RuntimeError:
+        bound = 0
     if bound == 0:
-        raise OSError(f"cannot listen for gRPC on {target} (address in use?)")
+        raise OSError(f"cannot listen for gRPC on {target}: {_why_not_bound(host, port)}")
     await server.start()
     return server, bound
+
+
+def _why_not_bound(host: str, port: int) -> str:
+    """Why gRPC could not bind ``host:port``, in the system's words (gRPC's own
+    message only says that it failed, and to set GRPC_VERBOSITY): the error of
+    binding a TCP socket there now."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        return f"cannot resolve {host!r}: {exc.strerror}"
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as probe:
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                return exc.strerror or str(exc)
+    return "gRPC refused the address"
