@@ -217,7 +217,6 @@ def test_run_command_mode_sets_the_environment(tmp_path):
         "ctx = hostlib.from_env()\n"
         "y = ctx.allreduce(np.full(100, ctx.rank + 1, np.int32))\n"
         "assert (y == 3).all(), y\n"
-        # one string, one write: the two ranks share the pipe and may interleave writes
         "print(f\"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} ok\", flush=True)\n"
         "ctx.close()\n"
     )

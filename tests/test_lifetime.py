@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 
 import grpc
@@ -22,6 +21,7 @@ import pytest
 from conftest import LOCALHOST, UdpPeer, packet
 from test_cli import EMU, SWITCHML, run
 from test_controller import emulator_controller, ip, reg, tables, tofino_controller
+from test_identity import free_port
 
 import swemu
 from hostlib import AsyncContext, ControlPlaneError, Options
@@ -177,7 +177,7 @@ async def _job(
     """One job of ``world`` in-process hostlib workers: join, one allreduce, leave
     (against a switch that knows workers by IP alone, each on its own address and
     all on one free ``worker_port``)."""
-    port = _free_udp_port("127.0.0.2") if identify == "ip" else None
+    port = free_port("127.0.0.2") if identify == "ip" else None
     ctxs = [
         AsyncContext(
             Options(
@@ -200,12 +200,6 @@ async def _job(
     if close:
         await asyncio.gather(*(c.aclose() for c in ctxs))
     return sizes
-
-
-def _free_udp_port(ip: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind((ip, 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow
