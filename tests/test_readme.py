@@ -19,9 +19,9 @@ import pytest
 from cli.run import run as run_command
 from cli.serve import serve as serve_command
 from hostlib import client
-from hostlib.protocol import Timing
 from swemu.options import parse_size
 from swemu.protocol import wire
+from swemu.protocol.worker.protocol import Timing
 
 README = " ".join((Path(__file__).resolve().parent.parent / "README.md").read_text().split())
 
