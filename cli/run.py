@@ -18,7 +18,10 @@ kernels (first run only)").
 Lifetime: every child (emulator, warm-up, workers, user commands) is started
 by :func:`swemu.launch.spawn` and so is sent SIGTERM by the kernel if this
 process dies, even by SIGKILL. SIGHUP (the terminal closed) unwinds like
-SIGTERM and Ctrl-C: the workers are killed, the emulator stopped in order.
+SIGTERM and Ctrl-C: the workers are killed, the emulator stopped in order. A
+rank that dies or fails is said at once, in one line, and the other ranks are
+stopped (as torchrun does); a user command's output comes line by line,
+prefixed with its rank.
 """
 
 from __future__ import annotations
