@@ -18,10 +18,15 @@ kernels (first run only)").
 Lifetime: every child (emulator, warm-up, workers, user commands) is started
 by :func:`swemu.launch.spawn` and so is sent SIGTERM by the kernel if this
 process dies, even by SIGKILL. SIGHUP (the terminal closed) unwinds like
-SIGTERM and Ctrl-C: the workers are killed, the emulator stopped in order.
+SIGTERM and Ctrl-C: the workers are killed, the emulator stopped in order. A
+rank that dies or fails is said at once, in one line, and the other ranks are
+stopped (as torchrun does); a user command's output comes line by line,
+prefixed with its rank.
 """
 
 from __future__ import annotations
+
+import re
 
 import click
 
@@ -115,19 +120,15 @@ def run(
     import contextlib
 
     from swemu.launch import EmulatorProcess
-    from swemu.protocol.netutil import parse_address
 
     if control and not switch:
         raise CLIError("--control needs --switch (the data plane of the same switch)")
     if switch and shards != 1:
         raise CLIError("--shards sets up the local emulator; a given --switch has its own")
     if switch:
-        try:
-            host, _ = parse_address(switch, 48864)
-            if control:
-                parse_address(control, 50099)
-        except ValueError as exc:
-            raise CLIError(str(exc)) from None
+        host = _resolved("--switch", switch, 48864, ipv4=True)
+        if control:
+            _resolved("--control", control, 50099, ipv4=False)
         control = control or f"{host}:50099"
     if packet_size is None:
         from swemu.protocol.wire import EMULATOR_SIZE_CODE
@@ -159,7 +160,7 @@ def run(
             f"size code {packet_size}, window {window}"
         )
         view = stack.enter_context(_RowView(title, size, workers)) if not command else None
-        failed = _launch(
+        failure = _launch(
             workers,
             switch,
             control,
@@ -174,11 +175,34 @@ def run(
             view,
         )
     if command:
-        if failed:
-            raise CLIError(f"{len(failed)} of {workers} workers failed: " + ", ".join(failed))
+        if failure:
+            raise click.exceptions.Exit(1)  # said as it happened (_launch)
         terminal.success(f"all {workers} workers finished")
         return
-    _report(view, failed, workers, size, dtype, packet_size, window, json_out)
+    _report(view, failure, workers, size, dtype, packet_size, window, json_out)
+
+
+def _resolved(option: str, text: str, default_port: int, *, ipv4: bool) -> str:
+    """The host of ``--switch``/``--control`` ``HOST:PORT``, once it is known to
+    resolve (the data plane needs IPv4; gRPC takes either family): checked
+    before anything starts, one line if not, instead of every worker failing
+    with a traceback of its own."""
+    import socket
+
+    from swemu.protocol.netutil import parse_address, resolve_ipv4
+
+    try:
+        host, port = parse_address(text, default_port)
+        if ipv4:
+            resolve_ipv4(host)
+        else:
+            try:
+                socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            except socket.gaierror as exc:
+                raise OSError(f"cannot resolve {host!r}: {exc.strerror}") from None
+    except (ValueError, OSError) as exc:
+        raise CLIError(f"{option} {text}: {exc}") from None
+    return host
 
 
 def _check_writable(path: str) -> None:
@@ -384,13 +408,21 @@ def _launch(
     command,
     local,
     view,
-) -> list[str]:
+) -> str | None:
     """Start the workers, wait for them, feed their per-iteration reports to
-    ``view`` as they come; return the failures, one text per failed rank.
-    With a ``local`` emulator (which warns about small socket buffers for this
-    machine) the workers do not repeat the warning."""
+    ``view`` as they come; with a ``command``, pass each rank's output on line
+    by line, prefixed with its rank. Return what went wrong first (None: nothing).
+
+    A rank that dies or fails (a signal, an exit status, a worker's error;
+    not a built-in worker that finished and found a wrong result, which the
+    table shows) is said at once, in one line, and the other ranks are
+    stopped at once (SIGTERM, SIGKILL after :data:`STOP_GRACE` seconds), as
+    torchrun does, rather than left to give up on the switch one by one.
+    With a ``local`` emulator (which warns about small socket buffers for
+    this machine) the workers do not repeat the warning."""
     import json
     import random
+    import signal
     import subprocess
     import sys
     import time
@@ -416,6 +448,9 @@ def _launch(
             SWITCHML_RUN_DTYPE=dtype,
             SWITCHML_RUN_ITERS=str(iters),
         )
+        if command:  # its output goes through a pipe: line by line, not at exit
+            env.setdefault("PYTHONUNBUFFERED", "1")
+            env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TensorFlow's INFO lines: off
         cmd = list(command) if command else [sys.executable, "-m", "cli.worker"]
         try:
             procs.append(
@@ -423,7 +458,8 @@ def _launch(
                     cmd,
                     env=env,
                     stdin=subprocess.DEVNULL,
-                    stdout=None if command else subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE if command else None,
                     cwd=None if command else CHILD_CWD,  # the user's command runs where they are
                 )
             )
@@ -431,31 +467,47 @@ def _launch(
             for p in procs:
                 p.kill()
             raise CLIError(f"cannot start {cmd[0]!r}: {exc.strerror or exc}") from None
-    readers = [] if command else [_Lines(p.stdout) for p in procs]
+    out = [_Lines(p.stdout) for p in procs]
+    err = [_Lines(p.stderr) for p in procs] if command else []
     reports: dict[int, dict] = {}
+    quiet = _tensorflow_quiet(env.get("TF_CPP_MIN_LOG_LEVEL"))
 
-    def take(rank: int, lines: list[str]) -> None:
-        for line in lines:
+    def take(rank: int, final: bool = False) -> None:
+        if command:
+            _forward(sys.stdout, rank, out[rank].read(final))
+            _forward(sys.stderr, rank, [x for x in err[rank].read(final) if not quiet(x)])
+            return
+        for line in out[rank].read(final):
             if line.startswith(ITER_PREFIX):
                 view.add(json.loads(line[len(ITER_PREFIX) :]))
             elif line.startswith(RESULT_PREFIX):
                 reports[rank] = json.loads(line[len(RESULT_PREFIX) :])
 
-    grace_until = None
+    first: str | None = None  # what went wrong first
+    kill_at = None  # when the ranks still running after a failure get SIGKILL
     try:
         while any(p.poll() is None for p in procs):
-            for rank, reader in enumerate(readers):
-                take(rank, reader.read())
-            time.sleep(0.05)
-            if grace_until is None and any(p.poll() not in (None, 0) for p in procs):
-                # a worker failed: the others notice within no_progress; then stop them
-                grace_until = time.monotonic() + no_progress + 5.0
-            if grace_until is not None and time.monotonic() > grace_until:
+            for rank in range(workers):
+                take(rank)
+            if first is None:
+                first = _first_failure(procs, reports, take, builtin=not command)
+                if first is not None:
+                    running = [p for p in procs if p.poll() is None]
+                    terminal.error(first + ("; stopping the other ranks" if running else ""))
+                    for p in running:
+                        p.send_signal(signal.SIGTERM)
+                    kill_at = time.monotonic() + STOP_GRACE
+            if kill_at is not None and time.monotonic() > kill_at:
                 for p in procs:
                     if p.poll() is None:
                         p.kill()
-        for rank, reader in enumerate(readers):
-            take(rank, reader.read(final=True))
+            time.sleep(0.05)
+        for rank in range(workers):
+            take(rank, final=True)
+        if first is None:  # the last ones to exit
+            first = _first_failure(procs, reports, take, builtin=not command)
+            if first is not None:
+                terminal.error(first)
     except KeyboardInterrupt:  # Ctrl-C, SIGTERM or SIGHUP (cli.main.Terminated)
         for p in procs:
             p.kill()
@@ -464,14 +516,71 @@ def _launch(
         raise
     finally:
         for p in procs:
-            if p.stdout is not None:
-                p.stdout.close()
-    failed: list[str] = []
+            for pipe in (p.stdout, p.stderr):
+                if pipe is not None:
+                    pipe.close()
+    return first
+
+
+#: Seconds the other ranks get to end on SIGTERM once one failed, before SIGKILL.
+STOP_GRACE = 5.0
+
+
+def _first_failure(procs, reports: dict[int, dict], take, *, builtin: bool) -> str | None:
+    """The first rank (lowest number) that has exited and failed, in words, or
+    None. A built-in worker that reported its results without an error
+    finished its run (a wrong result is the table's to show); any other
+    non-zero exit is a failure."""
+    import signal
+
     for rank, p in enumerate(procs):
-        if p.returncode != 0:
-            why = reports.get(rank, {}).get("error")
-            failed.append(f"rank {rank} (exit {p.returncode}{': ' + why if why else ''})")
-    return failed
+        rc = p.poll()
+        if rc in (None, 0):
+            continue
+        take(rank, final=True)  # its last lines: the report says why
+        report = reports.get(rank)
+        if builtin and report is not None and "error" not in report:
+            continue
+        if rc < 0:
+            try:
+                name = f" ({signal.Signals(-rc).name})"
+            except ValueError:
+                name = ""
+            return f"rank {rank} was killed by signal {-rc}{name}"
+        if report is not None and report.get("error"):
+            return f"rank {rank} failed: {report['error']}"
+        return f"rank {rank} exited with status {rc}"
+    return None
+
+
+#: absl's lines from before TensorFlow sets up its logging, which its
+#: TF_CPP_MIN_LOG_LEVEL does not reach (TensorFlow 2.16 and later print them at
+#: every start, oneDNN's notice among them): INFO lines, and the notice that
+#: they go to stderr.
+ABSL_EARLY_INFO = re.compile(
+    r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to "
+    r"STDERR$|I\d{4} \d\d:\d\d:\d+(?:\.\d+)? +\d+ \S+:\d+\] "
+)
+
+
+def _tensorflow_quiet(level: str | None):
+    """Which lines of a rank's stderr to drop: TF_CPP_MIN_LOG_LEVEL (the
+    user's, else the launcher's 1) applied to absl's early INFO lines, which
+    TensorFlow does not filter itself; 0 keeps them."""
+    try:
+        quiet = int(level or 0) >= 1
+    except ValueError:
+        quiet = False
+    return (lambda line: ABSL_EARLY_INFO.match(line) is not None) if quiet else (lambda line: False)
+
+
+def _forward(stream, rank: int, lines: list[str]) -> None:
+    """Pass a rank's lines on, each prefixed with its rank (as torchrun's
+    ``[rank0]:``), one write per line so that ranks never interleave within one."""
+    for line in lines:
+        stream.write(f"[rank{rank}]: {line}\n")
+    if lines:
+        stream.flush()
 
 
 def _row(it: int, per: list[dict], size: int, workers: int) -> dict:
@@ -551,7 +660,7 @@ class _RowView:
         return self.live is not None
 
 
-def _report(view, failed, workers, size, dtype, packet_size, window, json_out) -> None:
+def _report(view, failure, workers, size, dtype, packet_size, window, json_out) -> None:
     import json
     import statistics
 
@@ -575,15 +684,15 @@ def _report(view, failed, workers, size, dtype, packet_size, window, json_out) -
                         "packet_size": packet_size,
                         "window": window,
                         "iters": rows,
-                        "failed": failed,
+                        "failed": [failure] if failure else [],
                     },
                     f,
                     indent=2,
                 )
         except OSError as exc:
             raise CLIError(f"cannot write --json {json_out}: {exc.strerror or exc}") from None
-    if failed:
-        raise CLIError(f"{len(failed)} of {workers} workers failed: " + "; ".join(failed))
+    if failure:
+        raise click.exceptions.Exit(1)  # said as it happened (_launch)
     if not all(r["ok"] for r in rows):
         raise CLIError("some results were wrong (see the check column)")
     terminal.success(f"all {workers} workers verified {len(rows)} results")

@@ -55,4 +55,4 @@ def stats(control: str, as_json: bool, timeout: float) -> None:
         return
     from swemu.observe.tui import render_stats
 
-    terminal.out.print(render_stats(snap))
+    terminal.show(render_stats(snap))

@@ -39,6 +39,26 @@ class Terminal:
     def success(self, message: str) -> None:
         self.err.print(f"[green]{escape(message)}[/]", soft_wrap=True)
 
+    def show(self, renderable) -> None:
+        """Print a view (``stats``, a frame of ``top``) on stdout. In a terminal
+        it fits the window; into a pipe or a file every line is as wide as its
+        content needs, so that no line breaks inside a value (rich would wrap
+        at its default 80 columns there, ``switch pkts in`` on one line and its
+        number on the next)."""
+        from rich.measure import Measurement
+
+        if self.out.is_terminal:
+            self.out.print(renderable)
+            return
+        wide = self.out.options.update_width(1 << 16)
+        needed = Measurement.get(self.out, wide, renderable).maximum
+        width = self.out.width  # print(width=) only narrows: widen the console itself
+        self.out.width = max(width, needed)
+        try:
+            self.out.print(renderable)
+        finally:
+            self.out.width = width
+
 
 terminal = Terminal()
 

@@ -60,7 +60,7 @@ def main() -> int:
                 row = {"time": dt, "ok": ok, "worst": worst, **ctx.last_stats}
                 report["iters"].append(row)
                 print(ITER_PREFIX + json.dumps({"rank": rank, "iter": it, **row}), flush=True)
-    except hostlib.SwitchMLError as exc:
+    except (hostlib.SwitchMLError, OSError) as exc:  # one line in the report, not a traceback
         report["error"] = _in_table_terms(str(exc), phase)
         report["failed_iter"] = it if it >= 0 else None
         print(RESULT_PREFIX + json.dumps(report), flush=True)
@@ -81,31 +81,19 @@ def warm_up(dtypes: tuple[str, ...] = ("int32", "float32")) -> int:
     kernels for ``dtypes``), in this one process. Says :data:`COMPILING` as soon as Numba compiles
     anything (its ``numba:compile`` event fires only on a cache miss)."""
     t0 = time.perf_counter()
-    from numba.core import event
-
-    class _Announce(event.Listener):
-        said = False
-
-        def on_start(self, ev: event.Event) -> None:
-            if not self.said:
-                self.said = True
-                print(COMPILING, flush=True)
-
-        def on_end(self, ev: event.Event) -> None:
-            pass
-
-    event.register("numba:compile", _Announce())
     from hostlib import fastpath
     from swemu.protocol import fastio
+    from swemu.protocol.jit import watch_compiles
     from swemu.protocol.worker.protocol import warmup
     from swemu.protocol.worker.testdata import check_result, worker_input
 
-    warmup()  # both dtypes, as each worker's context does (hostlib.client)
-    if fastio.AVAILABLE:
-        fastpath.warmup()
-    for dtype in dtypes:  # the built-in workers' inputs and checks
-        x = worker_input(0, 64, 0, np.dtype(dtype))
-        check_result(x, 1, 0, 64)
+    with watch_compiles(lambda: print(COMPILING, flush=True)):
+        warmup()  # both dtypes, as each worker's context does (hostlib.client)
+        if fastio.AVAILABLE:
+            fastpath.warmup()
+        for dtype in dtypes:  # the built-in workers' inputs and checks
+            x = worker_input(0, 64, 0, np.dtype(dtype))
+            check_result(x, 1, 0, 64)
     print(f"{WARM_PREFIX}{time.perf_counter() - t0:.3f}", flush=True)
     return 0
 

@@ -375,13 +375,25 @@ class AsyncContext:
         o, m = self.options, self.membership
         ctl = ControlClient(o.control)
         try:
-            await ctl.release(
+            reply = await ctl.release(
                 session_id=m.session_id,
                 rank=o.rank,
                 ipv4=self._local[0],
                 udp_port=self._local[1],
                 timeout=RELEASE_TIMEOUT,
             )
+            if reply is not None and not reply.found and reply.remaining:
+                # the session exists but does not hold this rank at this address
+                log.warning(
+                    "the switch at %s refused the release of session %d rank %d from %s:%d "
+                    "(not the address it holds for the rank): the job stays on the switch "
+                    "until its idle timeout",
+                    o.control,
+                    m.session_id,
+                    o.rank,
+                    wire.int_to_ipv4(self._local[0]),
+                    self._local[1],
+                )
         except SwitchMLError as exc:
             log.debug("release of session %d rank %d: %s", m.session_id, o.rank, exc)
         finally:

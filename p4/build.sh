@@ -44,7 +44,7 @@ done
 if [ "$check_only" = 1 ]; then
   check=${SWITCHML_CHECK_P4:-$here/../../shared/tools/p4c/bin/check-p4}
   if [ ! -x "$check" ]; then
-    echo "build.sh: no check-p4 at $check: set SWITCHML_CHECK_P4 to the p4test wrapper" >&2
+    echo "build.sh: no check-p4 at $check: set SWITCHML_CHECK_P4 to the p4test wrapper (p4/README.md, Building)" >&2
     exit 127
   fi
   bindir=$(dirname "$(readlink -f "$check")")

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -122,6 +124,7 @@ CONFIG = EngineConfig(pool_size=64, max_pool_memory=1 << 20)
 
 async def test_capture_of_an_allreduce_matches_what_was_sent(tmp_path: Path, io_path):
     path = tmp_path / "allreduce.pcap"
+    started = time.time() * 1e6
     async with switchml_port_emulator(config=CONFIG, pcap=path) as emu:
         addrs = await run_workers(emu)
         switch = emu.data_address
@@ -132,6 +135,12 @@ async def test_capture_of_an_allreduce_matches_what_was_sent(tmp_path: Path, io_
 
     pkts = rdpcap(str(path))
     assert len(pkts) == snap["counters"]["pkts_in"] + cnt["pkts_out"]
+    # wall-clock times of this run, in order, to the µs (under uvloop too, whose
+    # loop clock moves in whole milliseconds: they were all multiples of 1 ms)
+    us = [round(p.time * 1e6) for p in pkts]
+    assert us == sorted(us) and started - 1e6 <= us[0] and us[-1] <= time.time() * 1e6 + 1e6
+    steps = [b - a for a, b in itertools.pairwise(sorted(set(us)))]
+    assert any(d % 1000 not in (999, 0, 1) for d in steps), "timestamps in 1 ms steps"
     assert snap["capture"]["packets"] == len(pkts) and snap["capture"]["dropped"] == 0
 
     sent: dict[tuple[int, int, int], set] = defaultdict(set)  # (rank, call, tsi) -> copies

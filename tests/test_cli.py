@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
+import re
 import signal
 import socket
 import sys
@@ -91,10 +94,12 @@ def test_port_in_use_is_one_line():
 
 def test_control_port_in_use_is_one_line():
     """gRPC's C core logs its own bind failure unless told not to: the entry
-    point silences it, so the user sees our one line only."""
+    point silences it, so the user sees our one line only, with the system's
+    reason (gRPC's message has none)."""
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.bind(("127.0.0.1", 0))
     s.listen()
+    port = s.getsockname()[1]
     env = child_env()
     env.pop("GRPC_VERBOSITY", None)
     try:
@@ -107,7 +112,7 @@ def test_control_port_in_use_is_one_line():
                 "--port",
                 "0",
                 "--control-port",
-                str(s.getsockname()[1]),
+                str(port),
             ],
             timeout=60,
             env=env,
@@ -115,7 +120,9 @@ def test_control_port_in_use_is_one_line():
         )
     finally:
         s.close()
-    assert "cannot listen for gRPC" in one_line_error(p)
+    assert one_line_error(p) == f"error: cannot listen for gRPC on 127.0.0.1:{port}: " + (
+        "Address already in use"
+    )
 
 
 def test_serve_stops_cleanly_on_sigterm(tmp_path):
@@ -188,15 +195,47 @@ def test_run_command_mode_sets_the_environment(tmp_path):
         "ctx = hostlib.from_env()\n"
         "y = ctx.allreduce(np.full(100, ctx.rank + 1, np.int32))\n"
         "assert (y == 3).all(), y\n"
-        # one string, one write: the two ranks share the pipe and may interleave writes
         "print(f\"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} ok\", flush=True)\n"
         "ctx.close()\n"
     )
     p = run([*SWITCHML, "run", "--workers", "2", "--", sys.executable, str(script)])
-    assert "rank 0 of 2 ok" in p.stdout and "rank 1 of 2 ok" in p.stdout
+    assert "[rank0]: rank 0 of 2 ok" in p.stdout and "[rank1]: rank 1 of 2 ok" in p.stdout
 
 
-def test_run_command_mode_reports_failing_workers(tmp_path):
+def test_run_command_mode_prefixes_each_line_with_its_rank(tmp_path):
+    """Each rank's output (stdout and stderr apart) reaches the user line by
+    line, each line prefixed with its rank (as torchrun's ``[rank0]:``), never
+    two ranks within one line, however the ranks write: here each writes its
+    lines in pieces, flushed one by one, all ranks at once; a last line
+    without a newline arrives too."""
+    script = tmp_path / "user.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "r = os.environ['RANK']\n"
+        "for i in range(20):\n"
+        "    for stream in (sys.stdout, sys.stderr):\n"
+        "        for piece in ('rank', f' {r} ', f'line {i}', f' {r}\\n'):\n"
+        "            stream.write(piece)\n"
+        "            stream.flush()\n"
+        "            time.sleep(0.001)\n"
+        "sys.stdout.write(f'no newline {r}')\n"
+    )
+    p = run([*SWITCHML, "run", "--workers", "3", "--", sys.executable, str(script)])
+    for stream in (p.stdout, p.stderr):
+        mine = [line for line in stream.splitlines() if line.startswith("[rank")]
+        for r in range(3):
+            lines = [line for line in mine if line.startswith(f"[rank{r}]: ")]
+            want = [f"[rank{r}]: rank {r} line {i} {r}" for i in range(20)]
+            if stream is p.stdout:
+                want.append(f"[rank{r}]: no newline {r}")
+            assert lines == want, stream
+    assert all(line.startswith("[rank") for line in p.stdout.splitlines()), p.stdout
+
+
+def test_run_command_mode_stops_the_others_when_a_rank_fails(tmp_path):
+    """A rank that exits with an error is said at once, in one line, and the
+    other ranks (here: one that would sleep for a minute) are stopped at once."""
+    t0 = time.monotonic()
     p = run(
         [
             *SWITCHML,
@@ -206,13 +245,14 @@ def test_run_command_mode_reports_failing_workers(tmp_path):
             "--",
             sys.executable,
             "-c",
-            "import os, sys; sys.exit(3 if os.environ['RANK'] == '1' else 0)",
+            "import os, sys, time; time.sleep(60) if os.environ['RANK'] == '0' else sys.exit(3)",
         ],
         status=1,
     )
     assert "Traceback" not in p.stderr
+    assert time.monotonic() - t0 < 50  # not the minute rank 0 would sleep
     last = p.stderr.strip().splitlines()[-1]
-    assert last == "error: 1 of 2 workers failed: rank 1 (exit 3)"
+    assert last == "error: rank 1 exited with status 3; stopping the other ranks"
 
 
 def test_run_ignores_modules_in_the_working_directory(tmp_path):
@@ -321,9 +361,64 @@ def test_run_unreachable_switch_says_no_result_ever_arrived(tmp_path):
         )
     assert "Traceback" not in p.stderr
     last = p.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: 2 of 2 workers failed: rank 0 (exit 2: the warm-up allreduce")
+    assert re.match(r"error: rank [01] failed: the warm-up allreduce", last), last
     assert "from the switch at 127.0.0.1:9" in last and "not one result" in last
     assert "slots finished" not in last and "allreduce #" not in last
+    assert p.stderr.count("error:") == 1, p.stderr  # said once, by the first to give up
+
+
+def test_run_an_unresolvable_switch_is_one_line_before_anything_starts():
+    """``--switch``/``--control`` hosts are resolved before anything starts: one
+    line, not a traceback from every worker."""
+    for args in (
+        ["--switch", "nosuchhost.invalid:47000", "--control", "127.0.0.1:9"],
+        ["--switch", "127.0.0.1:47000", "--control", "nosuchhost.invalid:50099"],
+        ["--switch", "nosuchhost.invalid"],
+    ):
+        p = run([*SWITCHML, "run", "--workers", "2", *args], timeout=60, status=1)
+        err = one_line_error(p)
+        assert "cannot resolve 'nosuchhost.invalid'" in err, err
+        option = "--control" if "--control nosuchhost" in " ".join(args) else "--switch"
+        assert err.startswith(f"error: {option} nosuchhost.invalid"), err
+
+
+def _rank_pid(launcher: int, rank: int) -> int | None:
+    """The pid of a child of ``launcher`` that is worker ``rank`` (its RANK)."""
+    for kid in _children(launcher):
+        try:
+            env = Path(f"/proc/{kid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env and any(e.startswith(b"SWITCHML_RUN_") for e in env):
+            return kid
+    return None
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+def test_run_a_killed_worker_is_said_at_once_and_the_others_stop(tmp_path):
+    """``kill -9`` of one built-in worker in the middle of a run: the launcher
+    says so in one line at once (not after the others gave up on the switch,
+    ``--no-progress`` later, blaming it), stops the other ranks and the
+    emulator, and exits non-zero."""
+    out = tmp_path / "run.json"
+    argv = ["run", "--workers", "3", "--size", "4Mi", "--iters", "100000", "--no-progress", "60"]
+    with Watched([*SWITCHML, *argv, "--json", str(out)], env=child_env()) as proc:
+        victim = proc.wait_until(lambda: _rank_pid(proc.pid, 1), 240, "rank 1 to start")
+        kids = _children(proc.pid)
+        time.sleep(3)  # in its iterations (or joining: the launcher must not care)
+        os.kill(victim, signal.SIGKILL)
+        t0 = time.monotonic()
+        err = proc.expect(1, timeout=120, what="the launcher to give up")
+        took = time.monotonic() - t0
+    assert took < 30, took  # not --no-progress (60 s) and more
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert lines == ["error: rank 1 was killed by signal 9 (SIGKILL); stopping the other ranks"]
+    assert "unreachable" not in err and "Traceback" not in err
+    assert json.loads(out.read_text())["failed"] == [lines[0][len("error: ") :].split(";")[0]]
+    deadline = time.monotonic() + 10
+    while any(_alive(k) for k in kids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(k) for k in kids)
 
 
 def test_worker_errors_use_the_tables_iteration_numbers():
@@ -379,3 +474,66 @@ def test_warm_up_says_it_compiles_only_on_a_first_run(tmp_path):
     assert first.stdout.splitlines()[-1].startswith(WARM_PREFIX)
     assert COMPILING not in again.stdout and again.stdout.startswith(WARM_PREFIX)
     assert list((tmp_path / "numba").rglob("*.nbi"))
+
+
+def test_compiling_is_said_only_when_numba_compiles(caplog):
+    """``compiling_said`` (around the emulator's warm-up) logs as the first
+    compilation begins and how long it took, and nothing when every kernel
+    is already compiled (a warm cache)."""
+    from numba import njit
+
+    from swemu.protocol.jit import compiling_said
+
+    fresh = njit(lambda x: x + 1)  # not cached: compiles on its first call
+    log = logging.getLogger("test.compile")
+    with caplog.at_level("INFO", logger="test.compile"):
+        with compiling_said(log):
+            assert fresh(1) == 2
+        said = [r.getMessage() for r in caplog.records]
+        assert said[0].startswith("compiling kernels (first start only")
+        assert re.fullmatch(r"compiled the kernels in \d+\.\d s", said[1]) and len(said) == 2
+        caplog.clear()
+        with compiling_said(log):
+            assert fresh(2) == 3  # compiled already
+        assert caplog.records == []
+
+
+@pytest.mark.slow
+def test_serve_says_it_compiles_on_a_first_start(tmp_path):
+    """``switchml-emu serve`` in an empty Numba cache says it is compiling
+    before it serves (it is silent for those seconds otherwise); started again
+    in that cache, it loads the kernels and does not."""
+    env = child_env(NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    said = []
+    for start in range(2):
+        ready = tmp_path / f"ready{start}.json"
+        argv = ["serve", "--host", "127.0.0.1", "--port", "0", "--control-port", "0"]
+        with Watched([*EMU, *argv, "--ready-file", str(ready)], env=env) as proc:
+            proc.wait_until(ready.exists, 600, "the emulator to serve")
+            proc.send_signal(signal.SIGTERM)
+            err = proc.expect(0, timeout=60, what="the emulator to stop on SIGTERM")
+        said.append(err)
+    first, again = said
+    assert "compiling kernels (first start only" in first
+    assert first.index("compiling kernels") < first.index("switchml-emu serving")
+    assert re.search(r"compiled the kernels in \d+\.\d s", first)
+    assert "compiling" not in again and "switchml-emu serving" in again
+
+
+def test_tensorflow_early_absl_lines_follow_tf_cpp_min_log_level():
+    """absl's INFO lines from before TensorFlow sets up its logging ignore
+    TF_CPP_MIN_LOG_LEVEL; the launcher applies it to them (its own default 1:
+    INFO off), and keeps them when the level is 0."""
+    from cli.run import _tensorflow_quiet
+
+    early = [
+        "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+        "I0000 00:00:1796571127.211796   17285 port.cc:153] oneDNN custom operations are on.",
+        "I1114 09:32:22.280168 13509 tpu_hal.cc:448] Registered plugin",
+    ]
+    kept = ["E0000 00:00:1796571127.2 17285 x.cc:1] an error", "Epoch 1/3", "I am a line"]
+    for level in ("1", "2", "3"):
+        quiet = _tensorflow_quiet(level)
+        assert all(quiet(line) for line in early) and not any(quiet(line) for line in kept)
+    for level in ("0", None, "nonsense"):
+        assert not any(_tensorflow_quiet(level)(line) for line in early + kept)

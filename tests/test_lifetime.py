@@ -21,6 +21,7 @@ import pytest
 from conftest import LOCALHOST, UdpPeer, packet
 from test_cli import EMU, SWITCHML, run
 from test_controller import emulator_controller, ip, reg, tables, tofino_controller
+from test_identity import free_port
 
 import swemu
 from hostlib import AsyncContext, ControlPlaneError, Options
@@ -132,16 +133,33 @@ def _stats_json(control: str) -> dict:
     return json.loads(p.stdout)
 
 
+#: ``serve --identify-by``: every test of a real emulator's job lifetime runs in both
+IDENTIFY = pytest.mark.parametrize("identify", ["ip-port", "ip"])
+
+
+def _ips(identify: str, world: int) -> list[str | None]:
+    """Where in-process workers bind: anywhere when the switch knows them by (IP,
+    port); by IP alone, each needs an address of its own (127.0.0.2, ...)."""
+    return [None if identify == "ip-port" else f"127.0.0.{2 + r}" for r in range(world)]
+
+
 @pytest.mark.slow
-def test_more_consecutive_runs_than_max_jobs_are_all_served():
-    """``serve --max-jobs 2`` and three ``switchml run --workers 2 --switch --control``
-    in a row: every run is served (the workers release their job when they
-    exit), at the emulator's own packet size, and no finished job stays."""
-    with EmulatorProcess("--max-jobs", "2", startup_timeout=STARTUP_TIMEOUT) as emu:
+@IDENTIFY
+def test_more_consecutive_runs_than_max_jobs_are_all_served(identify):
+    """``serve --max-jobs 2`` and three ``switchml run --switch --control`` in a
+    row: every run is served (the workers release their job when they exit), at
+    the emulator's own packet size, and no finished job stays. By IP alone
+    (``--identify-by ip``, the workers of a ``switchml run`` share 127.0.0.1: one
+    worker each), the release names the worker's own port, which the switch did
+    not register: it must still free the job, not leave it to --idle-timeout."""
+    workers = "2" if identify == "ip-port" else "1"
+    serve = ("--max-jobs", "2", "--identify-by", identify)
+    with EmulatorProcess(*serve, startup_timeout=STARTUP_TIMEOUT) as emu:
         for _ in range(3):
-            args = ["--workers", "2", "--switch", emu.switch, "--control", emu.control]
+            args = ["--workers", workers, "--switch", emu.switch, "--control", emu.control]
             p = run([*SWITCHML, "run", *args, "--size", "64Ki", "--iters", "1"], timeout=300)
             assert p.returncode == 0, p.stdout + p.stderr
+            assert "refused" not in p.stderr, p.stderr
             code = int(wire.EMULATOR_SIZE_CODE)
             assert f"size code {code}" in p.stdout  # not 3: the controller said "emulator"
         snap = _stats_json(emu.control)
@@ -153,11 +171,25 @@ def test_more_consecutive_runs_than_max_jobs_are_all_served():
         assert "idle timeout 600 s, evict after 1 s idle" in text
 
 
-async def _job(switch: str, control: str, world: int, *, close: bool = True) -> list[int]:
-    """One job of ``world`` in-process hostlib workers: join, one allreduce, leave."""
+async def _job(
+    switch: str, control: str, world: int, *, close: bool = True, identify: str = "ip-port"
+) -> list[int]:
+    """One job of ``world`` in-process hostlib workers: join, one allreduce, leave
+    (against a switch that knows workers by IP alone, each on its own address and
+    all on one free ``worker_port``)."""
+    port = free_port("127.0.0.2") if identify == "ip" else None
     ctxs = [
-        AsyncContext(Options(switch=switch, control=control, rank=r, world_size=world))
-        for r in range(world)
+        AsyncContext(
+            Options(
+                switch=switch,
+                control=control,
+                rank=r,
+                world_size=world,
+                bind=ip,
+                worker_port=port,
+            )
+        )
+        for r, ip in enumerate(_ips(identify, world))
     ]
     await asyncio.gather(*(c.open() for c in ctxs))
     outs = await asyncio.gather(
@@ -171,11 +203,13 @@ async def _job(switch: str, control: str, world: int, *, close: bool = True) -> 
 
 
 @pytest.mark.slow
-def test_sharded_emulator_frees_released_jobs():
+@IDENTIFY
+def test_sharded_emulator_frees_released_jobs(identify):
     """``serve --shards 2 --max-jobs 1``: consecutive jobs fit one job entry."""
-    with EmulatorProcess("--max-jobs", "1", shards=2, startup_timeout=STARTUP_TIMEOUT) as emu:
+    serve = ("--max-jobs", "1", "--identify-by", identify)
+    with EmulatorProcess(*serve, shards=2, startup_timeout=STARTUP_TIMEOUT) as emu:
         for _ in range(3):
-            sizes = asyncio.run(_job(emu.switch, emu.control, 2))
+            sizes = asyncio.run(_job(emu.switch, emu.control, 2, identify=identify))
             assert sizes == [int(wire.EMULATOR_SIZE_CODE)] * 2
         snap = fetch_stats(emu.control)
         assert snap["jobs"] == [] and snap["released"]["explicit"] == 3
@@ -364,14 +398,58 @@ async def test_packet_size_follows_the_kind_of_switch():
         await bare.stop(None)
 
 
-async def test_emulator_default_packet_size_for_hostlib_workers():
+@IDENTIFY
+async def test_emulator_default_packet_size_for_hostlib_workers(identify):
     """hostlib left to its defaults joins an emulator at its fastest size code,
     with the window sized for it, and frees the job when it leaves."""
-    async with swemu.serve(config=EngineConfig(pool_size=1024)) as emu:
+    async with swemu.serve(config=EngineConfig(pool_size=1024), identify_by=identify) as emu:
         switch, control = "%s:%d" % emu.data_address, "%s:%d" % emu.control_address
-        sizes = await _job(switch, control, 2)
+        sizes = await _job(switch, control, 2, identify=identify)
         assert sizes == [int(wire.EMULATOR_SIZE_CODE)] * 2
         assert emu.engine.jobs == {} and emu.engine.released["explicit"] == 1
+
+
+@IDENTIFY
+async def test_a_stale_release_is_refused_with_a_warning_on_both_sides(identify, caplog):
+    """A worker whose session was replaced under it (rank 0 registered again from
+    another address) releases: the switch keeps the new incarnation and says
+    so as a warning, and so does the worker; nothing is freed. By IP alone the
+    port a worker names is not compared (the release of a worker on its own
+    port frees its job), but its IP still is."""
+    async with swemu.serve(config=EngineConfig(pool_size=64), identify_by=identify) as emu:
+        control = "%s:%d" % emu.control_address
+        ctx = AsyncContext(Options(control=control, rank=0, world_size=1, packet_size=3, window=8))
+        await ctx.open()
+        sid = ctx.membership.session_id
+        async with grpc.aio.insecure_channel(control) as channel:
+            await pb_grpc.SessionStub(channel).UdpSession(
+                pb.UdpSessionRequest(
+                    session_id=sid,
+                    rank=0,
+                    num_workers=1,
+                    ipv4=ip("127.0.0.9"),
+                    udp_port=5,
+                    packet_size=3,
+                    pool_size=8,
+                )
+            )
+        with caplog.at_level("WARNING"):
+            await ctx.aclose()
+        assert list(emu.engine.jobs) and emu.engine.released["explicit"] == 0
+        said = {r.name: r.getMessage() for r in caplog.records if r.levelname == "WARNING"}
+        assert set(said) == {"swemu.control", "hostlib"}, said
+        held = "127.0.0.9:5" if identify == "ip-port" else "127.0.0.9:0"
+        assert f"refused Release(session={sid} rank=0)" in said["swemu.control"]
+        assert f"holds {held}" in said["swemu.control"]
+        assert "refused the release" in said["hostlib"] and "idle timeout" in said["hostlib"]
+        # the worker of the new incarnation releases from the address it registered
+        async with grpc.aio.insecure_channel(control) as channel:
+            got = await pb_grpc.SessionStub(channel).Release(
+                pb.ReleaseRequest(session_id=sid, rank=0, ipv4=ip("127.0.0.9"), udp_port=6)
+            )
+        freed = identify == "ip"  # by IP alone another port is the same worker
+        assert (got.found, got.freed) == (freed, freed)
+        assert emu.engine.released["explicit"] == int(freed)
 
 
 async def test_release_over_grpc_frees_the_tofino_entries():

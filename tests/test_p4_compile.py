@@ -31,6 +31,13 @@ REPO = Path(__file__).resolve().parent.parent
 BUILD_SH = REPO / "p4" / "build.sh"
 
 
+#: Why the p4test checks skip, and where a user finds how to get the tool.
+NO_CHECK_P4 = (
+    "no check-p4 (p4c's p4test with the Tofino headers): build one as p4/README.md, "
+    "Building, says, then set SWITCHML_CHECK_P4"
+)
+
+
 def check_p4() -> Path | None:
     """The check-p4 wrapper: ``$SWITCHML_CHECK_P4``, else the shared tools beside the repo."""
     env = os.environ.get("SWITCHML_CHECK_P4")
@@ -60,9 +67,9 @@ def test_check_p4_accepts_the_program(tmp_path: Path) -> None:
     """p4test (front end + mid end, Tofino 1 headers) accepts switchml.p4 without errors."""
     tool = check_p4()
     if tool is None:
-        pytest.skip("no check-p4: set SWITCHML_CHECK_P4 to shared/tools/p4c/bin/check-p4")
+        pytest.skip(NO_CHECK_P4)
     if shutil.which("cpp") is None:
-        pytest.skip("check-p4 needs cpp: run shared/tools/p4c/install-deps.sh")
+        pytest.skip("check-p4 needs cpp, the C preprocessor (Debian: apt install cpp)")
     r = run_build("--check-only", "--out", str(tmp_path), env={"SWITCHML_CHECK_P4": str(tool)})
     assert r.returncode == 0, r.stdout + r.stderr
     assert "error" not in r.stderr.lower(), r.stderr
@@ -72,9 +79,9 @@ def test_check_p4_rejects_a_broken_program(tmp_path: Path) -> None:
     """The check can fail: a type error in a copy of the program is reported."""
     tool = check_p4()
     if tool is None:
-        pytest.skip("no check-p4: set SWITCHML_CHECK_P4 to shared/tools/p4c/bin/check-p4")
+        pytest.skip(NO_CHECK_P4)
     if shutil.which("cpp") is None:
-        pytest.skip("check-p4 needs cpp: run shared/tools/p4c/install-deps.sh")
+        pytest.skip("check-p4 needs cpp, the C preprocessor (Debian: apt install cpp)")
     copy = tmp_path / "p4"
     shutil.copytree(REPO / "p4", copy, ignore=shutil.ignore_patterns("build", "__pycache__"))
     text = (copy / "checks.p4").read_text()

@@ -374,6 +374,15 @@ def test_stats_command_and_metrics_of_a_serving_process(tmp_path: Path):
         text = CliRunner(catch_exceptions=False).invoke(
             emu_cli, ["stats", "--control", proc.control], env={"COLUMNS": "140"}
         )
+        env = child_env()
+        env.pop("COLUMNS", None)  # as a user's pipe: rich's own default of 80 columns
+        piped = subprocess.run(
+            [sys.executable, "-m", "cli.main", "stats", "--control", proc.control],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
     assert without_clock(printed) == without_clock(now)
     assert printed["time"] < now["time"]
     (job,) = printed["jobs"]
@@ -391,6 +400,21 @@ def test_stats_command_and_metrics_of_a_serving_process(tmp_path: Path):
     assert f"multicast {c['multicast']:,}   unicast {c['unicast']:,}" in out
     dp = printed["data_plane"]
     assert f"data plane: batches {dp['batches']:,}   recv errors {dp['recv_errors']}" in out
+
+    # into a pipe: no line broken inside a value (it was at 80 columns)
+    assert piped.returncode == 0, piped.stderr
+    lines = piped.stdout.splitlines()
+    pkts = f"switch pkts in {now['counters']['pkts_in']:,}"  # the last snapshot's, as piped's
+    assert any(pkts in line for line in lines), piped.stdout
+    assert any("drops: unknown source 0   malformed 0" in line for line in lines)
+    assert any(f"in {c['pkts_in']:,}   aggregated {c['aggregated']:,}" in line for line in lines)
+    freed = (
+        "jobs freed: released 0   expired 0   evicted 0   replaced 0   "
+        "idle timeout 600 s, evict after 1 s idle"
+    )
+    assert len(freed) > 80 and freed in lines, piped.stdout  # one line, however long
+    drops = "slot range 0   faults injected 0   capture"
+    assert any(line.startswith("drops: ") and drops in line for line in lines), piped.stdout
 
     # the capture file, closed at exit, holds every packet in and out
     assert len(list(read_pcap(pcap))) == printed["capture"]["packets"]

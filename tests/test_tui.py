@@ -336,3 +336,64 @@ def test_top_names_an_unreachable_emulator():
         emu_cli, ["top", "--control", "127.0.0.1:1", "--timeout", "0.5"]
     )
     assert r.exit_code == 1 and "no emulator answers on 127.0.0.1:1" in r.output
+
+
+def _top(control: str, *args: str, **kw) -> subprocess.Popen:
+    env = child_env()
+    env.pop("COLUMNS", None)  # as a user's pipe: rich's own default width
+    return subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "top", "--control", control, *args], env=env, **kw
+    )
+
+
+def test_top_into_a_pipe_prints_every_frame_unwrapped():
+    """``top --count 3 | ...``: three frames, one after the other (not only the
+    last), no line broken inside a value at rich's 80 columns."""
+    from swemu.launch import EmulatorProcess
+
+    with EmulatorProcess() as emu:
+        with hostlib.connect(emu.switch, emu.control, rank=0, world_size=1, release=False) as ctx:
+            ctx.allreduce(np.arange(5000, dtype=np.int32))
+            sid = ctx.session_id
+        proc = _top(emu.control, "--count", "3", "--interval", "0.2", stdout=subprocess.PIPE)
+        out, _ = proc.communicate(timeout=60)
+        pkts_in = fetch_stats(emu.control)["counters"]["pkts_in"]
+    assert proc.returncode == 0
+    assert out.decode().count(f"switchml-emu {swemu.__version__}") == 3
+    lines = out.decode().splitlines()
+    assert sum(f"switch pkts in {pkts_in:,}" in line for line in lines) == 3
+    assert sum(f"job {sid} · 1 workers" in line for line in lines) == 3
+    assert "q to quit" not in out.decode()  # nobody types into a pipe
+
+
+def test_top_in_a_terminal_says_how_to_quit_and_q_quits():
+    """In a terminal (a pty here) the view ends with how to quit; typing ``q``
+    ends ``top`` at once with status 0 and gives the terminal back as it was."""
+    import os
+    import pty
+    import select
+    import termios
+
+    from swemu.launch import EmulatorProcess
+
+    with EmulatorProcess() as emu:
+        master, slave = pty.openpty()
+        before = termios.tcgetattr(slave)
+        proc = _top(emu.control, stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
+        seen = b""
+        try:
+            deadline = time.monotonic() + 60
+            while b"q to quit" not in seen:
+                assert proc.poll() is None and time.monotonic() < deadline, seen
+                if select.select([master], [], [], 0.2)[0]:
+                    seen += os.read(master, 65536)
+            os.write(master, b"q")
+            proc.wait(timeout=10)  # within an --interval (1 s) and its snapshot
+            after = termios.tcgetattr(slave)
+        finally:
+            proc.kill()
+            os.close(master)
+            os.close(slave)
+    assert proc.returncode == 0
+    assert b"q to quit (or Ctrl-C)" in seen and b"switchml-emu" in seen
+    assert after[3] == before[3]  # echo and line mode restored

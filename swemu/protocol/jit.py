@@ -35,8 +35,11 @@ May import: numba.
 
 from __future__ import annotations
 
+import contextlib
 import gc
-from collections.abc import Callable
+import logging
+import time
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from numba import njit
@@ -81,3 +84,47 @@ class _PauseCollector(event.Listener):
 
 
 event.register("numba:compile", _PauseCollector())
+
+
+class CompileWatch(event.Listener):
+    """Calls ``callback`` once, when Numba first starts compiling (see
+    :func:`watch_compiles`); :attr:`compiled` says whether anything did."""
+
+    def __init__(self, callback: Callable[[], None]) -> None:
+        self.callback = callback
+        self.compiled = False
+
+    def on_start(self, ev: event.Event) -> None:
+        if not self.compiled:
+            self.compiled = True
+            self.callback()
+
+    def on_end(self, ev: event.Event) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def watch_compiles(callback: Callable[[], None] = lambda: None) -> Iterator[CompileWatch]:
+    """While inside, call ``callback`` once as soon as Numba compiles anything in
+    this process: a first run's cache miss (a cache hit fires no compile event).
+    What says "compiling kernels (first run only)" at a first start."""
+    watch = CompileWatch(callback)
+    with event.install_listener("numba:compile", watch):
+        yield watch
+
+
+@contextlib.contextmanager
+def compiling_said(logger: logging.Logger) -> Iterator[None]:
+    """Around a process's kernel warm-up: on a first start (Numba's cache
+    missed) log at INFO that the kernels are compiling, as it begins, and how
+    long it took (``switchml-emu serve``, which otherwise sat silent for the
+    seconds of a first compile)."""
+    t0 = time.monotonic()
+
+    def say() -> None:
+        logger.info("compiling kernels (first start only; later starts load them from the cache)")
+
+    with watch_compiles(say) as watch:
+        yield
+    if watch.compiled:
+        logger.info("compiled the kernels in %.1f s", time.monotonic() - t0)

@@ -155,17 +155,21 @@ class SessionService(pb_grpc.SessionServicer):
     ) -> pb.ReleaseResponse:
         """A rank is done with its job; the job is freed once all its ranks are
         (:meth:`SessionController.release_rank`). Unknown sessions are not an
-        error: the job may already have been freed some other way."""
+        error: the job may already have been freed some other way. The address
+        is taken as :meth:`UdpSession` took it: by IP alone (``--identify-by
+        ip``), the ``udp_port`` a worker names is not part of it. A release the
+        session refuses (not the address it holds for the rank) is logged as a
+        warning: it leaves the job to its idle timeout."""
         ipv4 = request.ipv4 or peer_ipv4(context)
+        udp_port = request.udp_port if self.by_port else 0
         if self.fabric is not None and self.fabric.active:
             up = pb.ReleaseRequest()
             up.CopyFrom(request)
-            up.ipv4 = ipv4
-            up.udp_port = request.udp_port if self.by_port else 0
+            up.ipv4, up.udp_port = ipv4, udp_port
             return await self._fabric_call(context, self.fabric.release(up), "Release", request)
         try:
             found, freed, remaining = self.controller.release_rank(
-                request.session_id, request.rank, ipv4, request.udp_port
+                request.session_id, request.rank, ipv4, udp_port
             )
             if freed and self.commit is not None:
                 await self.commit()
@@ -175,6 +179,25 @@ class SessionService(pb_grpc.SessionServicer):
             raise  # unreachable: abort raises
         if freed:
             log.info("session %d released by its workers", request.session_id)
+        elif not found and remaining:
+            held = self.controller.sessions[request.session_id].workers.get(request.rank)
+            log.warning(
+                "refused Release(session=%d rank=%d) from %s:%d: the session holds %s for "
+                "that rank; the job stays until --idle-timeout",
+                request.session_id,
+                request.rank,
+                ipaddress.IPv4Address(ipv4),
+                udp_port,
+                "no address"
+                if held is None
+                else f"{ipaddress.IPv4Address(held.ipv4)}:{held.udp_port}",
+            )
+        elif not found:
+            log.info(
+                "Release(session=%d rank=%d): no such session (already freed?)",
+                request.session_id,
+                request.rank,
+            )
         return pb.ReleaseResponse(found=found, freed=freed, remaining=remaining)
 
     async def UdpSession(
@@ -616,9 +639,28 @@ async def start_control_server(
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         bound = server.add_insecure_port(target)
-    except RuntimeError as exc:
-        raise OSError(f"cannot listen for gRPC on {target}: {exc}") from None
+    except RuntimeError:
+        bound = 0
     if bound == 0:
-        raise OSError(f"cannot listen for gRPC on {target} (address in use?)")
+        raise OSError(f"cannot listen for gRPC on {target}: {_why_not_bound(host, port)}")
     await server.start()
     return server, bound
+
+
+def _why_not_bound(host: str, port: int) -> str:
+    """Why gRPC could not bind ``host:port``, in the system's words (gRPC's own
+    message only says that it failed, and to set GRPC_VERBOSITY): the error of
+    binding a TCP socket there now."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        return f"cannot resolve {host!r}: {exc.strerror}"
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as probe:
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                return exc.strerror or str(exc)
+    return "gRPC refused the address"

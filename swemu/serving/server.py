@@ -42,6 +42,7 @@ from swemu.observe.metrics import MetricsServer
 from swemu.observe.pcap import DEFAULT_MAX_BYTES, DEFAULT_MAX_PACKETS, PcapWriter
 from swemu.observe.stats import EmulatorControlService, FaultHandler, add_to_server
 from swemu.protocol import fastio
+from swemu.protocol.jit import compiling_said
 from swemu.protocol.netutil import (
     SWITCH_BUFFER_BYTES,
     buffer_advice,
@@ -85,7 +86,8 @@ class PcapTap:
             raise OSError(f"cannot write the capture {path}: {exc.strerror or exc}") from None
         self.path = path
         self.switch_ip, self.switch_port = switch
-        # the data plane's `now` is the loop's monotonic clock; pcap wants epoch time
+        # pcap wants epoch time to the µs: time.monotonic() (ns) plus this offset.
+        # Not the data plane's `now`: uvloop's loop.time() moves in whole ms.
         self.clock_offset = clock_offset
         self.dropped = 0  # counted here once the writer is full (it is not called any more)
         self.failed: str | None = None
@@ -96,7 +98,7 @@ class PcapTap:
         if w.full or self.failed is not None:
             self.dropped += n + nd
             return
-        ts = now + self.clock_offset
+        ts = time.monotonic() + self.clock_offset
         try:
             w.write_batch(
                 batch.buf,
@@ -277,8 +279,9 @@ class Emulator:
         is answered at once (a p4app-switchML client that registered during the
         compilation got ``CANCELLED``)."""
         self._loop = asyncio.get_running_loop()
-        dataplane_warmup(self._loop, tap=self._pcap is not None)  # its receive path first
-        warmup()
+        with compiling_said(log):
+            dataplane_warmup(self._loop, tap=self._pcap is not None)  # its receive path first
+            warmup()
         self._sock = bind_udp(self.host, self.requested_port)
         self.port = self._sock.getsockname()[1]
         advice = buffer_advice(receive_buffer(self._sock), SWITCH_BUFFER_BYTES, "the emulator")
@@ -331,7 +334,7 @@ class Emulator:
                     (switch_ipv4, self.port),
                     max_packets=max_packets,
                     max_bytes=max_bytes,
-                    clock_offset=time.time() - self._loop.time(),
+                    clock_offset=time.time() - time.monotonic(),
                 )
         except BaseException:
             await self._close_listeners()

@@ -185,10 +185,12 @@ async def _shard_serve(
     seed: int | None,
 ) -> None:
     from swemu.core.engine import warmup
+    from swemu.protocol.jit import compiling_said
 
     loop = asyncio.get_running_loop()
     try:
-        warmup()
+        with compiling_said(log):
+            warmup()
         shard = _Shard(index, count, sock, conn, config, loop)
         if faults is not None:
             shard.op_faults(faults, 0, None, seed)
