@@ -162,6 +162,11 @@ class FabricNode:
         self._dropping: set[int] = set()  # sessions this node frees itself (not "gone")
         self._up_progress: dict[int, tuple[int, float]] = {}  # session -> (results, when)
         self._here: dict[int, dict[int, int]] = {}  # session -> worker rank -> member index
+        # session -> member index -> (child switch id, its uplink's ip, port)
+        self._kids: dict[int, dict[int, tuple[int, int, int]]] = {}
+        #: the uplinks of the child switches among this switch's members, every job's
+        #: (a capture marks their packets); a new set whenever it changes
+        self.child_uplinks: frozenset[tuple[int, int]] = frozenset()
         self._watch: asyncio.TimerHandle | None = None
         self._said_parent_down = False
         self._tasks: set[asyncio.Task] = set()
@@ -487,6 +492,10 @@ class FabricNode:
             self._dropping.discard(sid)
         session.epoch = request.epoch
         self._here[sid] = {m.rank: i for i, m in enumerate(members) if m.child == 0}
+        self._kids[sid] = {
+            i: (m.child, m.ipv4, m.udp_port) for i, m in enumerate(members) if m.child != 0
+        }
+        self._kids_changed()
         job = session.handle
         if plan.parent_port:
             self.server.engine.set_parent(job, plan.parent_ipv4, plan.parent_port)
@@ -507,9 +516,20 @@ class FabricNode:
             self._dropping.discard(session_id)
         if why != RESUMING:
             self._close_uplink(session_id)
+        self._forget(session_id)
+        self.server.on_fabric_change()
+
+    def _forget(self, session_id: int) -> None:
+        """Drop what this node kept of a job's part here."""
         self._up_progress.pop(session_id, None)
         self._here.pop(session_id, None)
-        self.server.on_fabric_change()
+        if self._kids.pop(session_id, None):
+            self._kids_changed()
+
+    def _kids_changed(self) -> None:
+        self.child_uplinks = frozenset(
+            (ip, port) for kids in self._kids.values() for _, ip, port in kids.values()
+        )
 
     def status(self, session_id: int, rank: int) -> tuple[bool, int]:
         """``(known, epoch)`` of a rank registered here (the Status call): its
@@ -570,8 +590,7 @@ class FabricNode:
         """The engine freed a job: by itself (idle, evicted) for a fabric job
         means the whole job goes (said up to the root)."""
         sid = job.session_id
-        self._up_progress.pop(sid, None)
-        self._here.pop(sid, None)
+        self._forget(sid)
         self.server.data_plane.remove_uplink(job.index)
         if sid in self._dropping or not self.active:
             return
@@ -764,12 +783,32 @@ class FabricNode:
     def snapshot(self) -> dict[str, Any]:
         """The fabric as a snapshot shows it (``stats``, ``top``)."""
         return {
+            "instance": self.instance,
             "parent": self.parent,
             "parent_instance": self.parent_instance,
             "always_up": self.always_up,
             "children": sorted(c.control for c in self.children.values()),
             "jobs_up": sorted(self._uplinks),
         }
+
+    def annotate(self, jobs: list[dict[str, Any]]) -> None:
+        """Mark the fabric's part in a snapshot's jobs: a job below the top of
+        its tree gets ``parent`` (the data address its partial aggregates go
+        to) and ``uplink`` (where they leave from); a member that is a child
+        switch gets ``child`` (its control address)."""
+        eng = self.server.engine
+        for entry in jobs:
+            sid = entry["session_id"]
+            job = eng.jobs.get(sid)
+            if job is not None and job.parent is not None:
+                entry["parent"] = "%s:%d" % (_ip(job.parent[0]), job.parent[1])
+                sock = self._uplinks.get(sid)
+                if sock is not None:
+                    entry["uplink"] = "%s:%d" % sock.getsockname()[:2]
+            for index, (switch, _, _) in self._kids.get(sid, {}).items():
+                child = self.children.get(switch)
+                if index < len(entry["workers"]):
+                    entry["workers"][index]["child"] = child.control if child else f"{switch:x}"
 
 
 def _hop(h: fb.Hop) -> Hop:

@@ -395,6 +395,7 @@ class Emulator:
             snap["capture"] = self.capture.counters
         if self.fabric is not None and self.fabric.active:
             snap["fabric"] = self.fabric.snapshot()
+            self.fabric.annotate(snap["jobs"])
         return snap
 
     def _arm_timer(self) -> None:
