@@ -6,8 +6,8 @@ with a veth ``eth0`` into the bridge (``SUBNET.10``, ``SUBNET.11``, ...). Every
 process started in them (:meth:`Hosts.spawn`, :meth:`Hosts.serve`) dies with
 the test process, and leaving the context kills whatever still runs in the
 namespaces and deletes them (their veths and the bridge go with them). Names
-start with ``swml<pid>-``, so ``switchml cluster --cleanup`` also finds what a
-killed test run left (swemu/rack/netns.py).
+start with ``swml<pid>-hosts-``, so ``switchml cluster --cleanup`` also finds
+what a killed test run left (swemu/rack/netns.py).
 
 Nothing is added to the test machine's own namespace.
 """
@@ -51,13 +51,13 @@ class Hosts:
     """``n`` hosts and a ``net`` namespace on one bridge (see the module)."""
 
     def __init__(self, n: int, subnet: str = SUBNET) -> None:
-        self.prefix = rack.default_prefix()
+        self.prefix = f"{rack.default_prefix()}hosts-"  # apart from a rack's of this process
         self.subnet = subnet
         self.net = f"{self.prefix}net"
         self.names = [f"{self.prefix}h{i}" for i in range(n)]
         self.made: list[str] = []
         self.procs: list[subprocess.Popen] = []
-        self._dir = Path(tempfile.mkdtemp(prefix=f"{self.prefix}hosts-"))
+        self._dir = Path(tempfile.mkdtemp(prefix=self.prefix))
 
     @property
     def bridge_ip(self) -> str:
