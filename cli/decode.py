@@ -30,7 +30,7 @@ _ANSI = {
     "malformed": "1;31",
 }
 _HEADER = (
-    f"{'port:slot':>13}  {'time ms':>11}  {'frame':>8}  {'dir':<8}  {'worker':<21}  "
+    f"{'port:slot':>13}  {'time ms':>11}  {'frame':>8}  {'dir':<8}  {'worker':<29}  "
     f"{'set':>3}  {'job':>3}  {'tsi':>10}  {'e0/e1':>9}  {'kind':<30}  values / note"
 )
 
@@ -64,7 +64,8 @@ def _row_maker(color: bool) -> Callable[[Event], str]:
         return (
             f"{label:>13}  {ev.time * 1e3:>11.3f}  {ev.frame:>8}  "
             f"{'→ switch' if ev.direction == TO_SWITCH else '← switch':<8}  "
-            f"{addr(ev.worker):<21}  {fields}  {kind}  {values}{note}\n"
+            f"{addr(ev.worker) + (' (child)' if ev.child else ''):<29}  {fields}  {kind}  "
+            f"{values}{note}\n"
         )
 
     return row
@@ -202,6 +203,8 @@ def _summary_table(s: dict):
     table.add_column("worker")
     for n in names:
         table.add_column(n.replace("_", " "), justify="right")
+    children = set(s.get("children", ()))
     for worker, counts in s["workers"].items():
-        table.add_row(worker, *(str(counts[n]) for n in names))
+        label = f"{worker} (child switch)" if worker in children else worker
+        table.add_row(label, *(str(counts[n]) for n in names))
     return table

@@ -613,3 +613,58 @@ async def test_capture_of_a_real_switch_on_any_port(tmp_path: Path) -> None:
     assert len(s["workers"]) == workers and s["malformed"] == 0
     r = CliRunner(catch_exceptions=False).invoke(emu_cli, ["decode", str(path), "--limit", "5"])
     assert f"{port}:0" in r.output and "5 of" in r.output
+
+
+def test_a_child_switchs_uplink_is_told_by_its_mac(tmp_path: Path) -> None:
+    """A child switch's capture (docs/protocol.md §7): its workers at its port,
+    its uplink U (any ports: 41000 -> 41500, neither a switch-like port) to its
+    parent. The MAC 02:01:<ip> of U's end says which end is the switch, also
+    where the ports would say the opposite; without it U looks like any worker."""
+    child = (IP("10.0.0.100"), 0xBEE0)
+    up = (IP("10.0.0.100"), 41000)
+    parent = (IP("10.0.0.200"), 41500)
+    total = pkt(fill=3)
+    path = tmp_path / "child.pcap"
+    with PcapWriter(path) as w:
+        w.write(pkt(fill=1), A, child, T0)
+        w.write(pkt(fill=2), B, child, T0 + 0.001)
+        w.write(total, up, parent, T0 + 0.002, src_uplink=True)  # the partial aggregate
+        w.write(total, up, parent, T0 + 0.050, src_uplink=True)  # resent after a timeout
+        w.write(total, parent, up, T0 + 0.051, dst_uplink=True)  # the parent's result
+        buf = np.frombuffer(total, np.uint8)[None, :]
+        w.write_batch(
+            buf, [len(total)], *child, [A[0], B[0]], [A[1], B[1]], T0 + 0.052, rows=[0, 0]
+        )
+        # a MAC 02:01:... whose low bytes are not the frame's IP marks nothing
+        w.write_batch(buf, [len(total)], *parent, *up, T0 + 0.06, dst_uplink=[True])
+    raw = path.read_bytes()
+    last = raw.rfind(b"\x02\x01" + up[0].to_bytes(4, "big"))
+    path.write_bytes(raw[: last + 2] + b"\x0a\x0a\x0a\x0a" + raw[last + 6 :])
+
+    events = timeline(read_pcap(path))
+    got = [(e.direction, e.kind, e.child, e.worker, e.switch) for e in events]
+    assert got[:7] == [
+        (TO_SWITCH, CONTRIBUTION, False, A, child),
+        (TO_SWITCH, CONTRIBUTION, False, B, child),
+        (TO_SWITCH, CONTRIBUTION, True, up, parent),
+        (TO_SWITCH, RETRANSMISSION, True, up, parent),
+        (FROM_SWITCH, MULTICAST, True, up, parent),
+        (FROM_SWITCH, MULTICAST, False, A, child),
+        (FROM_SWITCH, MULTICAST, False, B, child),
+    ]
+    assert events[2].note == "a child switch's partial aggregate"
+    assert events[4].note == "to a child switch" and events[4].fanout == 1
+    assert events[5].fanout == 2
+    # the last packet has no mark: only the ports speak for it, and they are wrong
+    # (41000, the port it was sent to, is taken for a switch's)
+    assert len(events) == 8 and not events[7].child and events[7].worker == parent
+    s = summary(events)
+    assert s["children"] == ["10.0.0.100:41000"]
+    assert s["workers"]["10.0.0.100:41000"]["contributions"] == 1
+    assert s["workers"]["10.0.0.100:41000"]["retransmissions"] == 1
+    # the batches carry the marks too, and a tcpdump-style MAC marks nothing
+    from swemu.observe.pcap import read_pcap_batches
+
+    (batch,) = list(read_pcap_batches(path))
+    assert batch.src_uplink.tolist() == [False, False, True, True, False, False, False, False]
+    assert batch.dst_uplink.tolist() == [False, False, False, False, True, False, False, False]

@@ -8,6 +8,8 @@ against the emulator of this checkout, lossless, W = 2 and 3, 64 and 256 values
 per packet, and asks for every allreduce correct (int32 exact, float32 bit-exact
 to the client's quantizer), no drop and no retransmission at the switch, and the
 advertised MAC where the client sends its frames (see docs/p4app-switchml.md).
+Then the same client against a child switch of a two-level fabric
+(docs/fabric.md): its results as correct, its job through the root.
 
 Set ``SWITCHML_P4APP_CLIENT`` to the tool's directory (``.ci/run`` does); the test
 skips where it is not set, the tool is missing, or the process may not create
@@ -113,3 +115,66 @@ def test_p4app_client_allreduce(tmp_path, workers, numel, mac, mac_option):
     # the MAC the clients addressed their frames to is the one it advertised
     ready = json.loads((logs / "emu.ready").read_text())
     assert ready["mac"] == mac
+
+
+#: The emulator command of the fabric case: in the switch namespace (run.sh's own,
+#: so fixed ports are free), a root on 127.0.0.1 (its log in root.log), then the
+#: child switch the clients talk to, with run.sh's addresses and the options
+#: above; on run.sh's SIGINT both stop (their summaries in the logs) before the
+#: command ends.
+TWO_LEVELS = """\
+py=$1
+"$py" -m cli.main serve --host 127.0.0.1 --port 48865 --control-port 50100 --log-level info \\
+    --ready-file root.ready >root.log 2>&1 &
+root=$!
+while [ ! -e root.ready ]; do kill -0 $root 2>/dev/null || exit 1; sleep 0.1; done
+"$py" -m cli.main serve --host "$SW_IP" --port "$DATA_PORT" --control-host 0.0.0.0 \\
+    --control-port "$CONTROL_PORT" --no-gso --identify-by ip --ready-file "$READY_FILE" \\
+    --parent 127.0.0.1:50100 --always-up &
+child=$!
+trap 'kill -INT $child $root 2>/dev/null' INT TERM
+wait $child
+while kill -0 $child 2>/dev/null || kill -0 $root 2>/dev/null; do wait; done
+"""
+
+
+def _counters(line: str) -> dict[str, int]:
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", line)}
+
+
+@pytest.mark.slow
+def test_p4app_client_through_a_child_switch(tmp_path):
+    """The same client, W = 3, against a child switch of a two-level fabric
+    (``serve --parent ROOT --always-up``, so that the job crosses both levels
+    although all of its workers are at the child): every allreduce correct; the
+    child aggregated every packet of its workers and sent each slot's partial
+    aggregate up; the root aggregated exactly those and multicast each result
+    back (its summary in root.log)."""
+    tool = _tool()
+    script = tmp_path / "two_levels.sh"
+    script.write_text(TWO_LEVELS)
+    logs = tmp_path / "logs"
+    cmd = [
+        str(tool / "run.sh"),
+        "--emulator",
+        f'bash {shlex.quote(str(script))} {shlex.quote(sys.executable)} "$READY_FILE"',
+        *("--workers", "3", "--numel", "256", "--sizes", SIZES, "--repeats", "1"),
+        *("--time-limit", "240", "--log-dir", str(logs)),
+    ]
+    run = subprocess.run(cmd, capture_output=True, text=True, env=child_env(), timeout=600)
+    out = run.stdout + run.stderr
+    expected = len(SIZES.split(",")) * len(TYPES)
+    assert run.returncode == 0, out + (logs / "root.log").read_text()[-3000:]
+    assert f"{expected} passed, 0 failed" in out, out
+    child = _counters(re.search(r"emulator shutdown: .*", out)[0])
+    for name in ("drop_unknown_source", "drop_malformed", "drop_wrong_size", "drop_slot_range"):
+        assert child[name] == 0, (name, out)
+    assert child["aggregated"] == child["pkts_in"] > 0, out
+    # every slot's sum went up once (and maybe again, resent) and its result came back
+    slots = child["aggregated"] // 3
+    assert child["up_sent"] == child["up_results"] == slots, out
+    root_log = (logs / "root.log").read_text()
+    root = _counters(re.search(r"shutdown: .*", root_log)[0])
+    assert root["aggregated"] == root["multicast"] == slots, root_log[-3000:]
+    assert root["pkts_in"] == slots + child["up_retransmissions"], root_log[-3000:]
+    assert "fabric session" in root_log  # the root planned the job's tree

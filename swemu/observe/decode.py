@@ -30,6 +30,15 @@ How packets are told apart:
   worker's copy, so a multicast may show a fanout of 1; and if the worker's
   copy was lost on the way, the unicast that replaces it is the first result
   the capture shows and is labelled a multicast.
+* **A child switch.** In a capture the emulator wrote, the MAC of a switch's
+  uplink marks the packets between a child switch of a fabric and its parent
+  (docs/protocol.md §7; :mod:`swemu.observe.pcap`): the uplink is the
+  "worker" of such a packet and the other end the switch, whatever the
+  ports. Its packets are what a worker's are -- contributions (the child's
+  partial aggregates), retransmissions, and the parent's results -- and the
+  event says it came from or went to a child (``child``). A capture at a
+  child switch shows both its levels: its workers' packets at its own port,
+  its partial aggregates going up to its parent's and the results coming back.
 * **Malformed.** A datagram on the SwitchML ports that :func:`swemu.protocol.wire.decode`
   rejects (or that the capture truncated) is shown with the decoder's reason,
   never raised.
@@ -109,6 +118,7 @@ class Event:
     group: int | None = None
     fanout: int = 0
     note: str = ""
+    child: bool = False  # the worker side is a child switch's uplink (a fabric)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: addresses as ``ip:port`` strings, values as a list."""
@@ -257,13 +267,19 @@ class Decoder:
     def _decode(self, batch: PacketBatch) -> None:
         sport, dport = batch.src_port, batch.dst_port
         valid = looks_like_switchml(batch)
-        if self.infer and valid.any():
+        none = np.zeros(len(batch), bool)
+        up_src = none if batch.src_uplink is None else batch.src_uplink
+        up_dst = none if batch.dst_uplink is None else batch.dst_uplink
+        marked = up_src | up_dst  # a child switch's uplink at one end: the direction is plain
+        if self.infer and (valid & ~marked).any():
             known = self.ports
-            new = infer_switch_ports(sport[valid], dport[valid], known)
+            plain = valid & ~marked
+            new = infer_switch_ports(sport[plain], dport[plain], known)
             if new:
                 self.inferred |= new
                 self._is_port[list(new)] = True
-        to_sw, from_sw = self._is_port[dport], self._is_port[sport]
+        to_sw = (self._is_port[dport] & ~up_dst) | up_src
+        from_sw = (self._is_port[sport] & ~up_src) | up_dst
         rows = np.flatnonzero(to_sw | from_sw)
         if rows.size == 0:
             return
@@ -296,6 +312,7 @@ class Decoder:
             valid[rows],
             to_sw[rows],
             from_sw[rows],
+            marked[rows],
             fields["type_size"] & 7,
             fields["job_number"],
             fields["tsi"],
@@ -311,7 +328,7 @@ class Decoder:
         pending = self._pending
         instant = self.instant
         for j, row in enumerate(zip(*(c.tolist() for c in cols))):
-            (frame, ts, sip, sp, dip, dp, length, trunc, ok, t_sw, f_sw) = row[:11]
+            (frame, ts, sip, sp, dip, dp, length, trunc, ok, t_sw, f_sw, child) = row[:12]
             src, dst = (sip, sp), (dip, dp)
             if t_sw and f_sw:  # both ends on switch ports: trust what the rest says
                 t_sw = not (src in switches and dst not in switches)
@@ -320,7 +337,7 @@ class Decoder:
                 self._t0 = ts
             rel = round(ts - self._t0, 9)  # captures resolve µs or ns: drop float noise
             direction = TO_SWITCH if t_sw else FROM_SWITCH
-            ev = Event(frame, rel, direction, worker, switch, MALFORMED, length)
+            ev = Event(frame, rel, direction, worker, switch, MALFORMED, length, child=child)
             pending.append((ts, ev))
             if not ok:
                 s = int(cols[-1][j])
@@ -331,12 +348,15 @@ class Decoder:
                     reason = str(exc)
                 ev.note = ("truncated in the capture: " if trunc else "") + reason
                 continue
-            code, job, tsi, set_, slot, e0, e1, start = row[11:]
+            code, job, tsi, set_, slot, e0, e1, start = row[12:]
             ev.size_code, ev.job_number, ev.tsi = code, job, tsi
             ev.set, ev.slot, ev.e0, ev.e1 = set_, slot, e0, e1
             ev.values = tuple(values[j][: 32 << code])
             if tsi >= wire.EXP_TSI_BASE:
                 ev.note = f"exponent packet of chunk {tsi - wire.EXP_TSI_BASE}"
+            if child:
+                said = "a child switch's partial aggregate" if t_sw else "to a child switch"
+                ev.note = f"{said}; {ev.note}" if ev.note else said
             rkey = (switch, slot, set_)
 
             if t_sw:
@@ -474,7 +494,7 @@ def render_timeline(
                 f"{ev.time * 1e3:.3f}",
                 str(ev.frame),
                 "→ switch" if ev.direction == TO_SWITCH else "← switch",
-                format_addr(ev.worker),
+                format_addr(ev.worker) + (" (child)" if ev.child else ""),
                 _opt(ev.set),
                 _opt(ev.job_number),
                 _opt(ev.tsi),
@@ -529,6 +549,7 @@ class Summary:
         self.switches: set[Address] = set()
         self.slots: set[tuple[Address, int]] = set()
         self.groups: set[int] = set()
+        self.children: set[Address] = set()
 
     def add(self, ev: Event) -> None:
         """Count one event."""
@@ -536,6 +557,8 @@ class Summary:
         self.duration = max(self.duration, ev.time)
         self.switches.add(ev.switch)
         self.kinds[ev.kind] += 1
+        if ev.child:
+            self.children.add(ev.worker)
         c = self.per_worker[ev.worker]
         if ev.direction == TO_SWITCH:
             c["packets"] += 1
@@ -565,6 +588,7 @@ class Summary:
             },
             "retransmissions": self.kinds[RETRANSMISSION],
             "malformed": self.kinds[MALFORMED],
+            "children": sorted(format_addr(c) for c in self.children),
         }
 
 
@@ -572,7 +596,8 @@ def summary(events: Iterable[Event]) -> dict[str, Any]:
     """Counts of a timeline, JSON-ready: per worker, results, malformed packets.
 
     Per worker ``packets`` counts what the worker sent (malformed ones too),
-    ``results_*`` what it received. ``results.multicast`` counts multicasts
+    ``results_*`` what it received; ``children`` lists the "workers" that are
+    child switches' uplinks. ``results.multicast`` counts multicasts
     (one per group), ``results.multicast_packets`` their copies.
     """
     s = Summary()

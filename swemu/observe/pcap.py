@@ -5,7 +5,11 @@ record. :class:`PcapWriter` synthesises them — Ethernet II, IPv4 (valid header
 checksum, DF clear, TTL 64) and UDP (checksum 0, which IPv4 allows) around each
 SwitchML payload — so that Wireshark, tcpdump, scapy and :func:`read_pcap` can
 open the file. MAC addresses are ``02:00:<IPv4 bytes>`` (locally administered),
-so a reader can tell hosts apart at layer 2 too.
+so a reader can tell hosts apart at layer 2 too; the address of a switch's
+**uplink** (a child switch of a fabric speaking to its parent as one of its
+workers, docs/protocol.md §7) is ``02:01:<IPv4 bytes>`` instead, which is how a
+capture at any level tells a child switch's packets from a worker's
+(:attr:`PacketBatch.src_uplink`).
 
 The file is classic libpcap (magic ``0xa1b2c3d4``, microsecond timestamps,
 link type 1), written little-endian. A capture is bounded by a packet count and
@@ -96,6 +100,7 @@ _RECORD_DTYPE = np.dtype(
 assert _RECORD_DTYPE.itemsize == RECORD_HEADER_LEN + FRAME_OVERHEAD
 _IP_START = RECORD_HEADER_LEN + ETH_LEN
 _MAC_OUI = 0x0200  # first two MAC bytes: locally administered, unicast
+_MAC_OUI_UPLINK = 0x0201  # the same, for a switch's uplink (a child switch's address)
 
 
 class PcapError(ValueError):
@@ -202,10 +207,14 @@ class PcapWriter:
         src: tuple[int, int],
         dst: tuple[int, int],
         ts: float,
+        *,
+        src_uplink: bool = False,
+        dst_uplink: bool = False,
     ) -> bool:
         """Record one datagram ``src -> dst`` (``(ip, port)`` with ip a 32-bit int)
-        sent at ``ts`` (seconds since the epoch). Return False, and count a drop,
-        when the capture is full."""
+        sent at ``ts`` (seconds since the epoch); ``src_uplink``/``dst_uplink``:
+        that end is a switch's uplink (see the module). Return False, and count
+        a drop, when the capture is full."""
         out = self._out()
         n = len(data)
         if n > MAX_UDP_PAYLOAD:
@@ -227,7 +236,13 @@ class PcapWriter:
         ip_hdr[10:12] = ipv4_checksum(ip_hdr).to_bytes(2, "big")
         out.write(
             _RECORD.pack(sec, usec, incl, orig)
-            + _ETH.pack(_MAC_OUI, dst_ip, _MAC_OUI, src_ip, ETHERTYPE_IPV4)
+            + _ETH.pack(
+                _MAC_OUI_UPLINK if dst_uplink else _MAC_OUI,
+                dst_ip,
+                _MAC_OUI_UPLINK if src_uplink else _MAC_OUI,
+                src_ip,
+                ETHERTYPE_IPV4,
+            )
             + ip_hdr
             + _UDP.pack(src_port, dst_port, UDP_LEN + n, 0)
         )
@@ -248,15 +263,18 @@ class PcapWriter:
         ts: ArrayLike,
         *,
         rows: ArrayLike | None = None,
+        src_uplink: ArrayLike = False,
+        dst_uplink: ArrayLike = False,
     ) -> int:
         """Record many datagrams with one file write; return how many were written.
 
         Packet ``i`` is ``buf[r, :lens[r]]`` with ``r = rows[i]`` (or ``r = i``
         without ``rows``), so the switch's result rows can be recorded once per
         destination straight from :class:`swemu.core.engine.Batch` (``rows=dest_row``).
-        Addresses and ``ts`` are arrays with one entry per packet, or scalars
-        shared by all (the switch's address for results). Packets past a bound
-        are counted in :attr:`dropped`.
+        Addresses, ``ts`` and the uplink flags (which end is a switch's uplink,
+        see the module) are arrays with one entry per packet, or scalars shared
+        by all (the switch's address for results). Packets past a bound are
+        counted in :attr:`dropped`.
         """
         out = self._out()
         buf = np.asarray(buf)
@@ -311,9 +329,11 @@ class PcapWriter:
         hdr["ts_usec"] = us % 1_000_000
         hdr["incl_len"] = incl[:k]
         hdr["orig_len"] = orig[:k]
-        hdr["eth_dst_oui"] = _MAC_OUI
+        up = np.broadcast_to(np.asarray(dst_uplink, bool), (b,))[:k]
+        hdr["eth_dst_oui"] = np.where(up, _MAC_OUI_UPLINK, _MAC_OUI)
         hdr["eth_dst_ip"] = dip[:k]
-        hdr["eth_src_oui"] = _MAC_OUI
+        up = np.broadcast_to(np.asarray(src_uplink, bool), (b,))[:k]
+        hdr["eth_src_oui"] = np.where(up, _MAC_OUI_UPLINK, _MAC_OUI)
         hdr["eth_src_ip"] = sip[:k]
         hdr["eth_type"] = ETHERTYPE_IPV4
         hdr["ver_ihl"] = 0x45
@@ -387,7 +407,8 @@ class CapturedPacket:
     """One UDP/IPv4 datagram read from a capture.
 
     ``truncated`` is set when the capture holds less than the whole datagram
-    (snaplen, or the first fragment of a fragmented datagram).
+    (snaplen, or the first fragment of a fragmented datagram);
+    ``src_uplink``/``dst_uplink`` when that end is a switch's uplink (see the module).
     """
 
     ts: float
@@ -396,6 +417,8 @@ class CapturedPacket:
     payload: bytes
     truncated: bool = False
     frame: int = 0  # record number in the file, counted from 1 as Wireshark does
+    src_uplink: bool = False
+    dst_uplink: bool = False
 
 
 @dataclass
@@ -407,7 +430,9 @@ class PacketBatch:
     at ``ts[i]``; ``frame`` is its record number in the file (from 1). Columns
     are int64 (``ts`` float64, ``truncated`` bool), so that a decoder can work
     on all packets of a batch at once and touch single packets only where it
-    must.
+    must. ``src_uplink``/``dst_uplink`` mark the ends that are a switch's
+    uplink (the MAC ``02:01:<its IPv4>`` of an emulator's capture, see the
+    module); None where the capture cannot say (no Ethernet header).
     """
 
     data: np.ndarray  # uint8: the bytes the payloads lie in
@@ -420,6 +445,8 @@ class PacketBatch:
     start: np.ndarray
     length: np.ndarray
     truncated: np.ndarray
+    src_uplink: np.ndarray | None = None
+    dst_uplink: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.frame.shape[0])
@@ -433,9 +460,19 @@ class PacketBatch:
         """The batch as :class:`CapturedPacket` objects, one at a time."""
         cols = (self.ts, self.src_ip, self.src_port, self.dst_ip, self.dst_port)
         ts, sip, sport, dip, dport = (c.tolist() for c in cols)
+        none = [False] * len(self)
+        src_up = none if self.src_uplink is None else self.src_uplink.tolist()
+        dst_up = none if self.dst_uplink is None else self.dst_uplink.tolist()
         for i, (frame, trunc) in enumerate(zip(self.frame.tolist(), self.truncated.tolist())):
             yield CapturedPacket(
-                ts[i], (sip[i], sport[i]), (dip[i], dport[i]), self.payload(i), trunc, frame
+                ts[i],
+                (sip[i], sport[i]),
+                (dip[i], dport[i]),
+                self.payload(i),
+                trunc,
+                frame,
+                src_up[i],
+                dst_up[i],
             )
 
     @classmethod
@@ -462,6 +499,8 @@ class PacketBatch:
             start=start,
             length=lengths,
             truncated=col([p.truncated for p in packets], bool),
+            src_uplink=col([p.src_uplink for p in packets], bool),
+            dst_uplink=col([p.dst_uplink for p in packets], bool),
         )
 
 
@@ -527,7 +566,8 @@ def _parse_records(
 ) -> tuple[np.ndarray, ...]:
     """Parse the records at ``off`` in ``a`` all at once: a mask of the UDP/IPv4
     ones and, for those, (ts, src_ip, src_port, dst_ip, dst_port, payload start,
-    payload length, truncated)."""
+    payload length, truncated, src_uplink, dst_uplink); the last two are None
+    without an Ethernet header."""
     u32 = np.dtype(order + "u4")
     hdr = gather(a, off, RECORD_HEADER_LEN).view(u32)  # ts_sec, ts_frac, incl, orig
     sec, frac, caplen = hdr[:, 0], hdr[:, 1], hdr[:, 2].astype(np.int64)
@@ -579,7 +619,11 @@ def _parse_records(
     length = np.maximum(end - first, 0)
     truncated = (length < want) | (frag & 0x2000 != 0)  # MF: first fragment only
     ts = sec[keep].astype(np.float64) + frac[keep] * scale
-    return keep, ts, src_ip, sport, dst_ip, dport, d + first, length, truncated
+    src_up = dst_up = None
+    if linktype == LINKTYPE_ETHERNET:  # an uplink's MAC: 02:01:<its IPv4> (see the module)
+        dst_up = (_be(a, d, 2) == _MAC_OUI_UPLINK) & (_be(a, d + 2, 4) == dst_ip)
+        src_up = (_be(a, d + 6, 2) == _MAC_OUI_UPLINK) & (_be(a, d + 8, 4) == src_ip)
+    return keep, ts, src_ip, sport, dst_ip, dport, d + first, length, truncated, src_up, dst_up
 
 
 def read_pcap_batches(
@@ -624,10 +668,7 @@ def read_pcap_batches(
             want = chunk_bytes
             a = np.frombuffer(buf, np.uint8)
             keep, *cols = _parse_records(a, offsets, order, scale, linktype)
-            ts, sip, sport, dip, dport, start, length, truncated = cols
-            yield PacketBatch(
-                a, frames + 1 + keep, ts, sip, sport, dip, dport, start, length, truncated
-            )
+            yield PacketBatch(a, frames + 1 + keep, *cols)
             frames += int(offsets.shape[0])
             rest = buf[used:]
 

@@ -10,6 +10,10 @@ all take that one shape.
 
 Counters travel as ``map<string, uint64>`` keyed by the engine's names: a
 counter the engine adds reaches every client without a change to the proto.
+A switch of a fabric (docs/protocol.md §7) adds its place in it: the snapshot's
+``fabric`` (its parent, its children), each job's ``parent`` and ``uplink``
+below the top of the job's tree, and ``child`` on a member that is a child
+switch; keys that are unset are absent, on both sides of the wire.
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ SnapshotSource = Callable[[], "Snapshot | Awaitable[Snapshot]"]
 FaultHandler = Callable[[pb.FaultConfig], "pb.FaultConfig | Awaitable[pb.FaultConfig]"]
 
 #: Keys of a worker's entry in a snapshot that are not counters.
-_WORKER_FIELDS = ("rank", "ip", "udp_port")
+_WORKER_FIELDS = ("rank", "ip", "udp_port", "child")
+#: Keys of a job's entry that a fabric adds (addresses; absent when unset).
+_JOB_FABRIC = ("parent", "uplink")
 #: Keys of a job's entry in a snapshot that map one-to-one to ``JobStats`` scalars.
 _JOB_SCALARS = ("session_id", "index", "num_workers", "size_code", "pool_size", "memory_bytes")
 _LIMITS = (
@@ -107,6 +113,7 @@ def snapshot_to_proto(snap: Snapshot) -> pb.Stats:
             counters=_counts(job["counters"]),
             faults=_counts(job.get("faults")),
             **{k: int(job[k]) for k in _JOB_SCALARS},
+            **{k: job.get(k) or "" for k in _JOB_FABRIC},
         )
         for w in job["workers"]:
             jm.workers.add(
@@ -114,8 +121,21 @@ def snapshot_to_proto(snap: Snapshot) -> pb.Stats:
                 registered=w["ip"] is not None,
                 ip=w["ip"] or "",
                 udp_port=w["udp_port"] or 0,
+                child=w.get("child") or "",
                 counters=_counts({k: v for k, v in w.items() if k not in _WORKER_FIELDS}),
             )
+    fabric = snap.get("fabric")
+    if fabric is not None:
+        msg.fabric.CopyFrom(
+            pb.FabricStats(
+                instance=int(fabric.get("instance") or 0),
+                parent=fabric.get("parent") or "",
+                parent_instance=int(fabric.get("parent_instance") or 0),
+                always_up=bool(fabric.get("always_up")),
+                children=fabric.get("children") or (),
+                jobs_up=fabric.get("jobs_up") or (),
+            )
+        )
     return msg
 
 
@@ -134,6 +154,7 @@ def proto_to_snapshot(msg: pb.Stats) -> Snapshot:
                 "ip": w.ip if w.registered else None,
                 "udp_port": w.udp_port if w.registered else None,
                 **dict(w.counters),
+                **({"child": w.child} if w.child else {}),
             }
             for w in jm.workers
         ]
@@ -146,6 +167,7 @@ def proto_to_snapshot(msg: pb.Stats) -> Snapshot:
         }
         if jm.faults:
             job["faults"] = dict(jm.faults)
+        job.update({k: getattr(jm, k) for k in _JOB_FABRIC if getattr(jm, k)})
         job["workers"] = workers
         jobs.append(job)
     snap: Snapshot = {
@@ -175,6 +197,16 @@ def proto_to_snapshot(msg: pb.Stats) -> Snapshot:
         snap["fault_configs"] = [fault_config_to_dict(f) for f in msg.fault_configs]
     if msg.capture:
         snap["capture"] = dict(msg.capture)
+    if msg.HasField("fabric"):
+        f = msg.fabric
+        snap["fabric"] = {
+            "instance": f.instance,
+            "parent": f.parent or None,
+            "parent_instance": f.parent_instance,
+            "always_up": f.always_up,
+            "children": list(f.children),
+            "jobs_up": list(f.jobs_up),
+        }
     return snap
 
 

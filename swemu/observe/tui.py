@@ -4,7 +4,10 @@
 renderable: the switch's addresses and limits, its rates and a goodput
 sparkline of the last minute, then one panel per job (workers and addresses,
 pool, slots in use per shadow set, rates, results, retransmissions, drops by
-reason, the slowest worker). It reads nothing but its arguments, so the same
+reason, the slowest worker); a switch of a fabric (docs/protocol.md §7) adds
+its parent, its children and each level's packets to the header, and a job's
+level in its tree (its parent and uplink counters, or the child switches among
+its members) to the job's panel. It reads nothing but its arguments, so the same
 function serves ``switchml-emu serve --tui`` (snapshots from the engine on a
 loop timer), ``switchml-emu top`` (snapshots over gRPC), ``switchml-emu
 stats`` (one snapshot, no history) and the tests (``Console(record=True)``).
@@ -257,6 +260,78 @@ def _faults_text(faults: dict[str, int] | None, label: str = "faults injected") 
     return Text(f"{label}: ").append_text(_pairs(*items, style="bold red"))
 
 
+#: A job's uplink counters (docs/protocol.md §7), as the view names them.
+UP_COUNTERS = (
+    ("up_sent", "sent"),
+    ("up_retransmissions", "resent"),
+    ("up_results", "results"),
+    ("up_ignored", "ignored"),
+)
+
+
+def _up_pairs(counts: dict[str, int]) -> Text:
+    return _pairs(*((label, fmt_count(counts.get(k, 0))) for k, label in UP_COUNTERS))
+
+
+def fabric_lines(snap: Snapshot) -> list[Text]:
+    """The switch's place in a fabric (docs/protocol.md §7): its parent (a
+    child) or none (a root) and its children; then each level's packets summed
+    over its jobs: in from workers, in from child switches, up to the parent."""
+    f = snap["fabric"]
+    where = Text("fabric: ")
+    if f.get("parent"):
+        where.append_text(_pairs(("child of", f["parent"])))
+        if f.get("parent_instance"):
+            where.append(f" (instance {f['parent_instance']:x})", style="dim")
+        if f.get("always_up"):
+            where.append(", every job goes up", style="dim")
+    else:
+        where.append("root", style="bold")
+    children = f.get("children") or []
+    where.append("   ").append_text(
+        _pairs(("children", ", ".join(children) if children else "none"))
+    )
+    from_workers = from_children = 0
+    up: dict[str, int] = {}
+    for job in snap["jobs"]:
+        for w in job["workers"]:
+            if w.get("child"):
+                from_children += int(w.get("pkts_in", 0))
+            else:
+                from_workers += int(w.get("pkts_in", 0))
+        for k, _ in UP_COUNTERS:
+            up[k] = up.get(k, 0) + int(job["counters"].get(k, 0))
+    levels = Text("levels: in ").append_text(
+        _pairs(
+            ("from workers", fmt_count(from_workers)),
+            ("from child switches", fmt_count(from_children)),
+        )
+    )
+    if f.get("parent"):
+        levels.append("   up to the parent: ").append_text(_up_pairs(up))
+    return [where, levels]
+
+
+def job_level_text(job: dict[str, Any]) -> Text | None:
+    """A job's level in its fabric tree: below the top (its parent, its uplink
+    and the uplink's counters), or the top with child switches among its
+    members; None for a job of a switch alone."""
+    children = sum(1 for w in job["workers"] if w.get("child"))
+    if job.get("parent"):
+        t = _pairs(("up to", job["parent"]))
+        if job.get("uplink"):
+            t.append(f" from {job['uplink']}", style="dim")
+        return t.append("   ").append_text(_up_pairs(job["counters"]))
+    if children:
+        return _pairs(
+            (
+                "top of the tree",
+                f"{children} child switches, {len(job['workers']) - children} workers",
+            )
+        )
+    return None
+
+
 def _header(snap: Snapshot, rates: dict[str, float] | None, history: History | None) -> Group:
     lim = snap.get("limits") or {}
     jobs = snap["jobs"]
@@ -307,6 +382,8 @@ def _header(snap: Snapshot, rates: dict[str, float] | None, history: History | N
             c.append(f" ({fmt_count(cap['dropped'])} not recorded, full)", style="yellow")
         line3 = Text("   ").join([line3, c])
     lines: list[RenderableType] = [line1, line2, line3]
+    if snap.get("fabric") is not None:
+        lines += fabric_lines(snap)
     if rates is not None:
         lines.append(
             _pairs(
@@ -381,6 +458,9 @@ def _job_panel(job: dict[str, Any], rates: dict[str, float] | None) -> Panel:
     )
     if "faults" in job:
         rows.append(Text("faults        ").append_text(_faults_text(job["faults"], "injected")))
+    level = job_level_text(job)
+    if level is not None:
+        rows.append(Text("fabric        ").append_text(level))
     slow = slowest_worker(job)
     rows.append(
         Text("slowest       ").append_text(
@@ -398,6 +478,8 @@ def _job_panel(job: dict[str, Any], rates: dict[str, float] | None) -> Panel:
         table.add_column(name, justify="left" if name == "address" else "right")
     for w in job["workers"]:
         addr = f"{w['ip']}:{w['udp_port']}" if w["ip"] is not None else "(not registered)"
+        if w.get("child"):
+            addr = f"child switch {w['child']} ({addr})"
         style = "yellow" if slow is not None and w["rank"] == slow[0] else None
         table.add_row(
             str(w["rank"]),

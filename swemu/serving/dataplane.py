@@ -7,7 +7,9 @@ batch through the Numba kernel in one call, and sends what the kernel asked for.
 
 ``tap``, when set, is called with every processed batch (after the engine ran,
 before sending): packet capture and other observers hook in there and cost
-nothing when unset.
+nothing when unset. A tap with an ``uplink`` method (:class:`UplinkTap`) also
+sees a child switch's traffic with its parent (docs/protocol.md §7): the
+partial aggregates it sends up and what comes to its uplink sockets.
 
 The compiled loops it runs (``recvmmsg`` -> the switch -> ``sendmmsg``) are
 :mod:`swemu.serving.loops`.
@@ -23,6 +25,7 @@ import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -81,6 +84,26 @@ class _AddressCache:
                 self._to_str.clear()
             self._to_str[ip] = s
         return s
+
+
+class UplinkTap(Protocol):
+    """What a tap implements to see a child switch's uplinks too."""
+
+    def uplink(
+        self,
+        buf: np.ndarray,
+        lens: np.ndarray,
+        rows: np.ndarray,
+        uplink: tuple[int, int],
+        peer_ip: np.ndarray | int,
+        peer_port: np.ndarray | int,
+        now: float,
+        *,
+        up: bool,
+    ) -> None:
+        """``buf[r, :lens[r]]`` for r in ``rows``: sent from the ``uplink`` socket
+        (``(ip, port)``, ip 0 for a wildcard bind) to the parent at ``peer``
+        (``up``), or received there from ``peer``."""
 
 
 @dataclass
@@ -156,6 +179,8 @@ class DataPlane:
         # entry that has one, its partial aggregates' send list, the timer
         self.up_fd = np.full(engine.config.max_jobs, -1, np.int32)
         self._uplinks: dict[int, socket.socket] = {}
+        self._up_addr: dict[int, tuple[int, int]] = {}  # job entry -> its uplink's (ip, port)
+        self._up_tap: UplinkTap | None = None
         self._up_sends = Sends(
             np.zeros(2 * batch_capacity, np.int64),
             np.zeros(2 * batch_capacity, np.int64),
@@ -267,6 +292,7 @@ class DataPlane:
         if tap is not None:
             self._compile_stepwise()  # a tap moves serving to the stepwise path
         self._tap = tap
+        self._up_tap = tap if callable(getattr(tap, "uplink", None)) else None
 
     def compile(self) -> None:
         """Compile (or load from the cache) the kernels of the path that serves
@@ -325,12 +351,15 @@ class DataPlane:
         self.remove_uplink(j)
         sock.setblocking(False)
         self._uplinks[j] = sock
+        host, port = sock.getsockname()[:2]
+        self._up_addr[j] = (self._addr.to_int(host), port)
         self.up_fd[j] = sock.fileno()
         self.loop.add_reader(sock.fileno(), self._on_uplink, j)
 
     def remove_uplink(self, j: int) -> None:
         """Stop using job entry ``j``'s uplink socket (the job was freed)."""
         sock = self._uplinks.pop(j, None)
+        self._up_addr.pop(j, None)
         if sock is not None:
             with contextlib.suppress(ValueError, OSError):
                 self.loop.remove_reader(sock.fileno())
@@ -395,10 +424,22 @@ class DataPlane:
             if n == 0:
                 return
             now = self.loop.time()
+            if self._up_tap is not None:  # before the kernel writes the rows' results
+                self._up_tap.uplink(
+                    b.buf,
+                    b.lens,
+                    np.arange(n),
+                    self._up_addr[j],
+                    b.ip[:n],
+                    b.port[:n],
+                    now,
+                    up=False,
+                )
             nd = switch_kernels.uplink_batch(
                 b.packets, n, now, self.engine.state, self.engine.uplinks, j
             )
-            b.n, b.n_dest = n, nd
+            # the tap sees the results going down; what came in it saw as the uplink's
+            b.n, b.n_dest = (0 if self._up_tap is not None else n), nd
             if self.tap is not None:
                 self.tap(b, now)
             m = faults_mod.egress(
@@ -413,11 +454,27 @@ class DataPlane:
             )
             self._send_list(m)
 
-    def _send_up(self) -> None:
+    def _send_up(self, now: float) -> None:
         """Send the batch's partial aggregates going up (the stepwise paths)."""
         b = self.batch
         if b.n_up[0] == 0:
             return
+        if self._up_tap is not None:
+            rows = b.up_row[: int(b.n_up[0])]
+            jobs = b.out_job[rows]
+            up = self.engine.uplinks
+            for j in np.unique(jobs).tolist():
+                if j in self._uplinks:
+                    self._up_tap.uplink(
+                        b.out_buf,
+                        b.out_len,
+                        rows[jobs == j],
+                        self._up_addr[j],
+                        int(up.job_up_ip[j]),
+                        int(up.job_up_port[j]),
+                        now,
+                        up=True,
+                    )
         if self.fast:
             send_up(self._tx, self.io, self.engine.uplinks, self._fast_stats)
             return
@@ -464,6 +521,10 @@ class DataPlane:
             while True:
                 n, first = switch_kernels.uplink_due(now, st, up, j, rows, lens, first)
                 ip, port = int(up.job_up_ip[j]), int(up.job_up_port[j])
+                if n and self._up_tap is not None:
+                    self._up_tap.uplink(
+                        rows, lens, np.arange(n), self._up_addr[j], ip, port, now, up=True
+                    )
                 if self.fast and n:
                     out = self._up_sends
                     out.ptr[:n] = rows.ctypes.data + stride * np.arange(n)
@@ -569,7 +630,7 @@ class DataPlane:
                 b.n, b.n_dest = rows, dests
                 self.tap(b, now)
             self._send_list(m)
-            self._send_up()
+            self._send_up(now)
             st[LoopStat.BATCHES] += 1
             st[LoopStat.PACKETS] += n
             if not more:

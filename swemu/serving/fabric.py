@@ -163,6 +163,11 @@ class FabricNode:
         self._dropping: set[int] = set()  # sessions this node frees itself (not "gone")
         self._up_progress: dict[int, tuple[int, float]] = {}  # session -> (results, when)
         self._here: dict[int, dict[int, int]] = {}  # session -> worker rank -> member index
+        # session -> member index -> (child switch id, its uplink's ip, port)
+        self._kids: dict[int, dict[int, tuple[int, int, int]]] = {}
+        #: the uplinks of the child switches among this switch's members, every job's
+        #: (a capture marks their packets); a new set whenever it changes
+        self.child_uplinks: frozenset[tuple[int, int]] = frozenset()
         self._watch: asyncio.TimerHandle | None = None
         self._said_parent_down = False
         self._tasks: set[asyncio.Task] = set()
@@ -188,14 +193,24 @@ class FabricNode:
             self._registry = _Registry(self.controller.target.limits)
         return self._registry
 
+    def _knows(self, host: str) -> bool:
+        """Whether this switch can tell other switches an address of its own:
+        ``--advertise-ip``, or bound to one (not every) address. A switch bound
+        to every address gives them 0.0.0.0, and whoever takes it fills in the
+        address the switch's call came from (:func:`_fill_hop`): what workers
+        are told, 127.0.0.1, would point a switch on another host at itself."""
+        return self.server.advertise_ip is not None or host not in _WILDCARD
+
     def _data_address(self) -> tuple[int, int]:
         switch = self.controller.switch
-        return (switch.ipv4, switch.data_ports[0] if switch.data_ports else self.server.port)
+        port = switch.data_ports[0] if switch.data_ports else self.server.port
+        return (switch.ipv4 if self._knows(self.server.host) else 0, port)
 
     def _control_address(self) -> str:
         host, port = self.server.control_address
-        advertised = self.server.advertise_ip or host
-        return f"{advertised}:{port}"
+        if not self._knows(self.server.control_host):
+            return f"0.0.0.0:{port}"
+        return f"{self.server.advertise_ip or host}:{port}"
 
     async def start(self) -> None:
         """Introduce this switch to its parent (a child), and watch its uplinks."""
@@ -262,9 +277,19 @@ class FabricNode:
                 resp.data_port,
             )
         self.parent_instance = resp.instance
-        self.parent_data = (resp.data_ipv4, resp.data_port)
+        # a parent that does not know its address is where its control plane is
+        self.parent_data = (resp.data_ipv4 or await self._parent_ip(), resp.data_port)
         self._said_parent_down = False
         return changed
+
+    async def _parent_ip(self) -> int:
+        """The IPv4 address of the parent's control plane (``--parent``'s host)."""
+        host, _ = parse_address(self.parent, 0)
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(host, None, family=socket.AF_INET)
+        except OSError as exc:
+            raise FabricError("UNAVAILABLE", f"cannot resolve the parent {host}: {exc}") from None
+        return int(ipaddress.IPv4Address(infos[0][4][0]))
 
     # ----------------------------------------------------- this switch's hop
     def _uplink(self, session_id: int) -> socket.socket:
@@ -282,7 +307,7 @@ class FabricNode:
         """This switch on a registration's way up (it has a parent)."""
         data_ip, data_port = self._data_address()
         up_host, up_port = self._uplink(session_id).getsockname()
-        up_ip = data_ip if up_host in ("0.0.0.0", "") else int(ipaddress.IPv4Address(up_host))
+        up_ip = data_ip if up_host in _WILDCARD else int(ipaddress.IPv4Address(up_host))
         return fb.Hop(
             switch=self.instance,
             data_ipv4=data_ip,
@@ -302,7 +327,7 @@ class FabricNode:
     async def join(self, registration: pb.UdpSessionRequest) -> int:
         """A worker registered here: send it up to the root (or take it, at the
         root); return the job's epoch. Raises FabricError or RegistrationError."""
-        return await self.on_join(registration, [], peer_control=None)
+        return await self.on_join(registration, [])
 
     async def resume(self, report: pb.ResumeRequest) -> pb.ResumeResponse:
         """A worker's resume report: up to the root, which answers when every
@@ -333,14 +358,13 @@ class FabricNode:
         """A child introduced itself: from now on registrations go through the
         fabric here too."""
         try:
-            host, port = parse_address(request.control, 0)
+            control = _filled(request.control, peer_ip)
+            port = parse_address(control, 0)[1]
         except ValueError as exc:
             raise FabricError("INVALID_ARGUMENT", f"Hello: {exc}") from None
-        if host in ("", "0.0.0.0"):
-            host = _ip(peer_ip)
         if not 0 < port <= 0xFFFF:
             raise FabricError("INVALID_ARGUMENT", f"Hello: no control port in {request.control!r}")
-        self._add_child(request.instance, f"{host}:{port}")
+        self._add_child(request.instance, control)
         ip, port = self._data_address()
         return fb.HelloResponse(instance=self.instance, data_ipv4=ip, data_port=port)
 
@@ -367,11 +391,13 @@ class FabricNode:
             self._add_child(path[-1].switch, path[-1].control)
 
     async def on_join(
-        self, registration: pb.UdpSessionRequest, path: list[fb.Hop], peer_control: str | None
+        self, registration: pb.UdpSessionRequest, path: list[fb.Hop], peer_ip: int = 0
     ) -> int:
         """A registration on its way up (``path``: the switches below, child-most
-        first). Above: add this switch and pass it on; at the root: apply the
-        session rules, and set the job's tree up once every rank is in."""
+        first; ``peer_ip``: where the child's call came from). Above: add this
+        switch and pass it on; at the root: apply the session rules, and set
+        the job's tree up once every rank is in."""
+        _fill_hop(path, peer_ip)
         self._child_from(path)
         if self.parent is not None:
             up = [*path, self._hop(registration.session_id)]
@@ -443,7 +469,12 @@ class FabricNode:
         plan = request.plan
         sid = request.session_id
         if plan.involved:
-            self._configure_here(request)
+            # the switch above is this one's parent: where it did not know its own
+            # address (0), the address this switch reaches it at
+            parent_ip = plan.parent_ipv4
+            if plan.parent_port and not parent_ip:
+                parent_ip = self.parent_data[0] or await self._parent_ip()
+            self._configure_here(request, parent_ip)
         else:
             self._free_here(sid, "not in the job's tree")
         calls = []
@@ -470,7 +501,7 @@ class FabricNode:
         if errors:
             raise errors[0]
 
-    def _configure_here(self, request: fb.ConfigureRequest) -> None:
+    def _configure_here(self, request: fb.ConfigureRequest, parent_ip: int) -> None:
         plan = request.plan
         sid = request.session_id
         members = list(plan.members)
@@ -496,9 +527,13 @@ class FabricNode:
             self._dropping.discard(sid)
         session.epoch = request.epoch
         self._here[sid] = {m.rank: i for i, m in enumerate(members) if m.child == 0}
+        self._kids[sid] = {
+            i: (m.child, m.ipv4, m.udp_port) for i, m in enumerate(members) if m.child != 0
+        }
+        self._kids_changed()
         job = session.handle
         if plan.parent_port:
-            self.server.engine.set_parent(job, plan.parent_ipv4, plan.parent_port)
+            self.server.engine.set_parent(job, parent_ip, plan.parent_port)
             self.server.data_plane.add_uplink(job, self._uplink(sid))
             self._up_progress[sid] = (0, self.server.clock())
         else:
@@ -516,9 +551,20 @@ class FabricNode:
             self._dropping.discard(session_id)
         if why != RESUMING:
             self._close_uplink(session_id)
+        self._forget(session_id)
+        self.server.on_fabric_change()
+
+    def _forget(self, session_id: int) -> None:
+        """Drop what this node kept of a job's part here."""
         self._up_progress.pop(session_id, None)
         self._here.pop(session_id, None)
-        self.server.on_fabric_change()
+        if self._kids.pop(session_id, None):
+            self._kids_changed()
+
+    def _kids_changed(self) -> None:
+        self.child_uplinks = frozenset(
+            (ip, port) for kids in self._kids.values() for _, ip, port in kids.values()
+        )
 
     def status(self, session_id: int, rank: int) -> tuple[bool, int]:
         """``(known, epoch)`` of a rank registered here (the Status call): its
@@ -579,8 +625,7 @@ class FabricNode:
         """The engine freed a job: by itself (idle, evicted) for a fabric job
         means the whole job goes (said up to the root)."""
         sid = job.session_id
-        self._up_progress.pop(sid, None)
-        self._here.pop(sid, None)
+        self._forget(sid)
         self.server.data_plane.remove_uplink(job.index)
         if sid in self._dropping or not self.active:
             return
@@ -590,8 +635,11 @@ class FabricNode:
         self._spawn(self.on_gone(fb.GoneRequest(session_id=sid, why="freed below")))
 
     # ------------------------------------------------------------- resume
-    async def on_resume(self, report: pb.ResumeRequest, path: list[fb.Hop]) -> pb.ResumeResponse:
+    async def on_resume(
+        self, report: pb.ResumeRequest, path: list[fb.Hop], peer_ip: int = 0
+    ) -> pb.ResumeResponse:
         """A resume report on its way up; at the root, the rendezvous."""
+        _fill_hop(path, peer_ip)
         self._child_from(path)
         reg = report.registration
         if self.parent is not None:
@@ -773,12 +821,55 @@ class FabricNode:
     def snapshot(self) -> dict[str, Any]:
         """The fabric as a snapshot shows it (``stats``, ``top``)."""
         return {
+            "instance": self.instance,
             "parent": self.parent,
             "parent_instance": self.parent_instance,
             "always_up": self.always_up,
             "children": sorted(c.control for c in self.children.values()),
             "jobs_up": sorted(self._uplinks),
         }
+
+    def annotate(self, jobs: list[dict[str, Any]]) -> None:
+        """Mark the fabric's part in a snapshot's jobs: a job below the top of
+        its tree gets ``parent`` (the data address its partial aggregates go
+        to) and ``uplink`` (where they leave from); a member that is a child
+        switch gets ``child`` (its control address)."""
+        eng = self.server.engine
+        for entry in jobs:
+            sid = entry["session_id"]
+            job = eng.jobs.get(sid)
+            if job is not None and job.parent is not None:
+                entry["parent"] = "%s:%d" % (_ip(job.parent[0]), job.parent[1])
+                sock = self._uplinks.get(sid)
+                if sock is not None:
+                    entry["uplink"] = "%s:%d" % sock.getsockname()[:2]
+            for index, (switch, _, _) in self._kids.get(sid, {}).items():
+                child = self.children.get(switch)
+                if index < len(entry["workers"]):
+                    entry["workers"][index]["child"] = child.control if child else f"{switch:x}"
+
+
+_WILDCARD = ("0.0.0.0", "")
+
+
+def _filled(control: str, peer_ip: int) -> str:
+    """A control address with a wildcard host replaced by ``peer_ip`` (see
+    :meth:`FabricNode._knows`)."""
+    host, port = parse_address(control, 0)
+    if host in _WILDCARD and peer_ip:
+        host = _ip(peer_ip)
+    return f"{host}:{port}"
+
+
+def _fill_hop(path: list[fb.Hop], peer_ip: int) -> None:
+    """Fill in the addresses the hop of the child that called (the last of
+    ``path``) left unknown with ``peer_ip``, where its call came from."""
+    if not path or not peer_ip:
+        return
+    hop = path[-1]
+    hop.data_ipv4 = hop.data_ipv4 or peer_ip
+    hop.uplink_ipv4 = hop.uplink_ipv4 or peer_ip
+    hop.control = _filled(hop.control, peer_ip)
 
 
 def _hop(h: fb.Hop) -> Hop:
@@ -833,13 +924,17 @@ class FabricService(fb_grpc.FabricServicer):
         return await self._run(context, hello())
 
     async def Join(self, request, context):
+        path = list(request.path)
         epoch = await self._run(
-            context, self.node.on_join(request.registration, list(request.path), None)
+            context, self.node.on_join(request.registration, path, peer_ipv4(context))
         )
         return fb.JoinResponse(epoch=epoch)
 
     async def Resume(self, request, context):
-        return await self._run(context, self.node.on_resume(request.report, list(request.path)))
+        path = list(request.path)
+        return await self._run(
+            context, self.node.on_resume(request.report, path, peer_ipv4(context))
+        )
 
     async def Release(self, request, context):
         return await self._run(context, self.node.release(request))

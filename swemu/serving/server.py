@@ -34,8 +34,10 @@ import logging
 import os
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
+
+import numpy as np
 
 from swemu.core.engine import Batch, EngineConfig, SwitchEngine, warmup
 from swemu.observe.metrics import MetricsServer
@@ -66,9 +68,16 @@ class PcapTap:
 
     Per batch, the received datagrams (worker -> switch) and then the results
     (switch -> each destination) go to :meth:`PcapWriter.write_batch` in two
-    vectorised calls. The file is bounded (``max_packets``, ``max_bytes``);
-    once full, later packets are only counted. A write error (disk full) stops
-    the capture with a log line instead of breaking the data plane.
+    vectorised calls. In a fabric (docs/protocol.md §7) it records both levels:
+    :meth:`uplink` takes a child switch's partial aggregates on their way up and
+    the parent's results coming back, and ``children`` (a function returning the
+    addresses of the child switches' uplinks among this switch's members) marks
+    which senders at this switch's port are child switches; an uplink's end of a
+    packet gets the MAC ``02:01:<IPv4>`` (:mod:`swemu.observe.pcap`), which is how
+    ``switchml-emu decode`` tells them from workers. The file is bounded
+    (``max_packets``, ``max_bytes``); once full, later packets are only
+    counted. A write error (disk full) stops the capture with a log line
+    instead of breaking the data plane.
     """
 
     def __init__(
@@ -79,6 +88,7 @@ class PcapTap:
         max_packets: int | None = DEFAULT_MAX_PACKETS,
         max_bytes: int | None = DEFAULT_MAX_BYTES,
         clock_offset: float = 0.0,
+        children: Callable[[], frozenset[tuple[int, int]]] | None = None,
     ) -> None:
         try:
             self.writer = PcapWriter(path, max_packets=max_packets, max_bytes=max_bytes)
@@ -91,35 +101,30 @@ class PcapTap:
         self.clock_offset = clock_offset
         self.dropped = 0  # counted here once the writer is full (it is not called any more)
         self.failed: str | None = None
+        self._children = children
+        self._known: frozenset[tuple[int, int]] = frozenset()
+        self._keys = np.zeros(0, np.int64)  # the children's uplinks as ip << 16 | port
 
-    def __call__(self, batch: Batch, now: float) -> None:
-        n, nd = batch.n, batch.n_dest
+    def _is_child(self, ip: np.ndarray, port: np.ndarray) -> np.ndarray | bool:
+        """Per address: is it a child switch's uplink? (False without children.)"""
+        known = self._children() if self._children is not None else frozenset()
+        if known is not self._known:
+            self._known = known
+            self._keys = np.array(sorted((a << 16) | p for a, p in known), np.int64)
+        if not self._keys.size:
+            return False
+        return np.isin((ip.astype(np.int64) << 16) | port, self._keys)
+
+    def _write(self, n: int, *batches: tuple[tuple, dict[str, Any]]) -> None:
+        """:meth:`PcapWriter.write_batch` of each ``(args, keywords)`` in ``batches``
+        (``n`` packets in all), unless the capture is full or failed."""
         w = self.writer
         if w.full or self.failed is not None:
-            self.dropped += n + nd
+            self.dropped += n
             return
-        ts = time.monotonic() + self.clock_offset
         try:
-            w.write_batch(
-                batch.buf,
-                batch.lens[:n],
-                batch.ip[:n],
-                batch.port[:n],
-                self.switch_ip,
-                self.switch_port,
-                ts,
-            )
-            if nd:
-                w.write_batch(
-                    batch.out_buf,
-                    batch.out_len,
-                    self.switch_ip,
-                    self.switch_port,
-                    batch.dest_ip[:nd],
-                    batch.dest_port[:nd],
-                    ts,
-                    rows=batch.dest_row[:nd],
-                )
+            for args, keywords in batches:
+                w.write_batch(*args, **keywords)
         except (OSError, ValueError) as exc:
             self.failed = str(exc)
             log.error("packet capture to %s stopped: %s", self.path, exc)
@@ -131,6 +136,42 @@ class PcapTap:
                 w.packets,
                 w.bytes_written,
             )
+
+    def __call__(self, batch: Batch, now: float) -> None:
+        n, nd = batch.n, batch.n_dest
+        ts = time.monotonic() + self.clock_offset  # not `now` (see __init__)
+        sw = (self.switch_ip, self.switch_port)
+        ip, port = batch.ip[:n], batch.port[:n]
+        dip, dport = batch.dest_ip[:nd], batch.dest_port[:nd]
+        received = ((batch.buf, batch.lens[:n], ip, port, *sw, ts), {})
+        sent = ((batch.out_buf, batch.out_len, *sw, dip, dport, ts), {"rows": batch.dest_row[:nd]})
+        if self._children is not None:  # a fabric: which of them are child switches
+            received[1]["src_uplink"] = self._is_child(ip, port)
+            sent[1]["dst_uplink"] = self._is_child(dip, dport)
+        self._write(n + nd, *((received,) if n else ()), *((sent,) if nd else ()))
+
+    def uplink(
+        self,
+        buf: np.ndarray,
+        lens: np.ndarray,
+        rows: np.ndarray,
+        uplink: tuple[int, int],
+        peer_ip: np.ndarray | int,
+        peer_port: np.ndarray | int,
+        now: float,
+        *,
+        up: bool,
+    ) -> None:
+        """Record packets of a child switch's ``uplink`` socket (``(ip, port)``; ip
+        0 when bound to every address: the switch's): ``buf[rows]`` sent up to
+        its parent at ``peer`` (``up``), or received there from ``peer``."""
+        ts = time.monotonic() + self.clock_offset
+        me = (uplink[0] or self.switch_ip, uplink[1])
+        if up:
+            write = ((buf, lens, *me, peer_ip, peer_port, ts), {"rows": rows, "src_uplink": True})
+        else:
+            write = ((buf, lens, peer_ip, peer_port, *me, ts), {"rows": rows, "dst_uplink": True})
+        self._write(len(rows), write)
 
     @property
     def counters(self) -> dict[str, int]:
@@ -335,6 +376,7 @@ class Emulator:
                     max_packets=max_packets,
                     max_bytes=max_bytes,
                     clock_offset=time.time() - time.monotonic(),
+                    children=lambda: self.fabric.child_uplinks,
                 )
         except BaseException:
             await self._close_listeners()
@@ -398,6 +440,7 @@ class Emulator:
             snap["capture"] = self.capture.counters
         if self.fabric is not None and self.fabric.active:
             snap["fabric"] = self.fabric.snapshot()
+            self.fabric.annotate(snap["jobs"])
         return snap
 
     def _arm_timer(self) -> None:

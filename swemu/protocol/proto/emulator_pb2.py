@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0e\x65mulator.proto\x12\x05swemu\"\x11\n\x0fGetStatsRequest\"\xb2\x01\n\x0bWorkerStats\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x12\n\nregistered\x18\x02 \x01(\x08\x12\n\n\x02ip\x18\x03 \x01(\t\x12\x10\n\x08udp_port\x18\x04 \x01(\r\x12\x32\n\x08\x63ounters\x18\x05 \x03(\x0b\x32 .swemu.WorkerStats.CountersEntry\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xa2\x03\n\x08JobStats\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\r\x12\x13\n\x0bnum_workers\x18\x03 \x01(\r\x12\x11\n\tsize_code\x18\x04 \x01(\r\x12\x11\n\tpool_size\x18\x05 \x01(\r\x12\x14\n\x0cmemory_bytes\x18\x06 \x01(\x04\x12\x15\n\rslots_pending\x18\x07 \x03(\r\x12\x15\n\rslots_holding\x18\x08 \x03(\r\x12\x11\n\tlast_seen\x18\t \x01(\x01\x12/\n\x08\x63ounters\x18\n \x03(\x0b\x32\x1d.swemu.JobStats.CountersEntry\x12#\n\x07workers\x18\x0b \x03(\x0b\x32\x12.swemu.WorkerStats\x12+\n\x06\x66\x61ults\x18\x0c \x03(\x0b\x32\x1b.swemu.JobStats.FaultsEntry\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a-\n\x0b\x46\x61ultsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\x9b\x01\n\x06Limits\x12\x11\n\tpool_size\x18\x01 \x01(\r\x12\x13\n\x0bmax_workers\x18\x02 \x01(\r\x12\x10\n\x08max_jobs\x18\x03 \x01(\r\x12\x17\n\x0fmax_pool_memory\x18\x04 \x01(\x04\x12\x14\n\x0cidle_timeout\x18\x05 \x01(\x01\x12\x18\n\x0b\x65vict_after\x18\x06 \x01(\x01H\x00\x88\x01\x01\x42\x0e\n\x0c_evict_after\"\xd9\x05\n\x05Stats\x12\x11\n\ttimestamp\x18\x01 \x01(\x01\x12\x0e\n\x06uptime\x18\x02 \x01(\x01\x12,\n\x08\x63ounters\x18\x03 \x03(\x0b\x32\x1a.swemu.Stats.CountersEntry\x12,\n\x08released\x18\x04 \x03(\x0b\x32\x1a.swemu.Stats.ReleasedEntry\x12\x15\n\rmemory_in_use\x18\x05 \x01(\x04\x12\x17\n\x0fmax_pool_memory\x18\x06 \x01(\x04\x12\x1d\n\x04jobs\x18\x07 \x03(\x0b\x32\x0f.swemu.JobStats\x12/\n\ndata_plane\x18\x08 \x03(\x0b\x32\x1b.swemu.Stats.DataPlaneEntry\x12\x14\n\x0c\x64\x61ta_address\x18\t \x01(\t\x12\x17\n\x0f\x63ontrol_address\x18\n \x01(\t\x12\x1d\n\x06limits\x18\x0b \x01(\x0b\x32\r.swemu.Limits\x12(\n\x06\x66\x61ults\x18\x0c \x03(\x0b\x32\x18.swemu.Stats.FaultsEntry\x12)\n\rfault_configs\x18\r \x03(\x0b\x32\x12.swemu.FaultConfig\x12*\n\x07\x63\x61pture\x18\x0e \x03(\x0b\x32\x19.swemu.Stats.CaptureEntry\x12\x0f\n\x07version\x18\x0f \x01(\t\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a/\n\rReleasedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a\x30\n\x0e\x44\x61taPlaneEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a-\n\x0b\x46\x61ultsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a.\n\x0c\x43\x61ptureEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xbe\x01\n\x0b\x46\x61ultConfig\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x0f\n\x07loss_in\x18\x02 \x01(\x01\x12\x10\n\x08loss_out\x18\x03 \x01(\x01\x12\x11\n\tduplicate\x18\x04 \x01(\x01\x12\x12\n\nreorder_ms\x18\x05 \x01(\x01\x12\x10\n\x08\x64\x65lay_ms\x18\x06 \x01(\x01\x12\x0c\n\x04seed\x18\x07 \x01(\x04\x12\x13\n\x06worker\x18\x08 \x01(\x05H\x00\x88\x01\x01\x12\x11\n\tlink_gbps\x18\t \x01(\x01\x42\t\n\x07_worker2x\n\x0f\x45mulatorControl\x12\x30\n\x08GetStats\x12\x16.swemu.GetStatsRequest\x1a\x0c.swemu.Stats\x12\x33\n\tSetFaults\x12\x12.swemu.FaultConfig\x1a\x12.swemu.FaultConfigb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0e\x65mulator.proto\x12\x05swemu\"\x11\n\x0fGetStatsRequest\"\xc1\x01\n\x0bWorkerStats\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x12\n\nregistered\x18\x02 \x01(\x08\x12\n\n\x02ip\x18\x03 \x01(\t\x12\x10\n\x08udp_port\x18\x04 \x01(\r\x12\x32\n\x08\x63ounters\x18\x05 \x03(\x0b\x32 .swemu.WorkerStats.CountersEntry\x12\r\n\x05\x63hild\x18\x06 \x01(\t\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xc2\x03\n\x08JobStats\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\r\x12\x13\n\x0bnum_workers\x18\x03 \x01(\r\x12\x11\n\tsize_code\x18\x04 \x01(\r\x12\x11\n\tpool_size\x18\x05 \x01(\r\x12\x14\n\x0cmemory_bytes\x18\x06 \x01(\x04\x12\x15\n\rslots_pending\x18\x07 \x03(\r\x12\x15\n\rslots_holding\x18\x08 \x03(\r\x12\x11\n\tlast_seen\x18\t \x01(\x01\x12/\n\x08\x63ounters\x18\n \x03(\x0b\x32\x1d.swemu.JobStats.CountersEntry\x12#\n\x07workers\x18\x0b \x03(\x0b\x32\x12.swemu.WorkerStats\x12+\n\x06\x66\x61ults\x18\x0c \x03(\x0b\x32\x1b.swemu.JobStats.FaultsEntry\x12\x0e\n\x06parent\x18\r \x01(\t\x12\x0e\n\x06uplink\x18\x0e \x01(\t\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a-\n\x0b\x46\x61ultsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\x9b\x01\n\x06Limits\x12\x11\n\tpool_size\x18\x01 \x01(\r\x12\x13\n\x0bmax_workers\x18\x02 \x01(\r\x12\x10\n\x08max_jobs\x18\x03 \x01(\r\x12\x17\n\x0fmax_pool_memory\x18\x04 \x01(\x04\x12\x14\n\x0cidle_timeout\x18\x05 \x01(\x01\x12\x18\n\x0b\x65vict_after\x18\x06 \x01(\x01H\x00\x88\x01\x01\x42\x0e\n\x0c_evict_after\"\xfd\x05\n\x05Stats\x12\x11\n\ttimestamp\x18\x01 \x01(\x01\x12\x0e\n\x06uptime\x18\x02 \x01(\x01\x12,\n\x08\x63ounters\x18\x03 \x03(\x0b\x32\x1a.swemu.Stats.CountersEntry\x12,\n\x08released\x18\x04 \x03(\x0b\x32\x1a.swemu.Stats.ReleasedEntry\x12\x15\n\rmemory_in_use\x18\x05 \x01(\x04\x12\x17\n\x0fmax_pool_memory\x18\x06 \x01(\x04\x12\x1d\n\x04jobs\x18\x07 \x03(\x0b\x32\x0f.swemu.JobStats\x12/\n\ndata_plane\x18\x08 \x03(\x0b\x32\x1b.swemu.Stats.DataPlaneEntry\x12\x14\n\x0c\x64\x61ta_address\x18\t \x01(\t\x12\x17\n\x0f\x63ontrol_address\x18\n \x01(\t\x12\x1d\n\x06limits\x18\x0b \x01(\x0b\x32\r.swemu.Limits\x12(\n\x06\x66\x61ults\x18\x0c \x03(\x0b\x32\x18.swemu.Stats.FaultsEntry\x12)\n\rfault_configs\x18\r \x03(\x0b\x32\x12.swemu.FaultConfig\x12*\n\x07\x63\x61pture\x18\x0e \x03(\x0b\x32\x19.swemu.Stats.CaptureEntry\x12\x0f\n\x07version\x18\x0f \x01(\t\x12\"\n\x06\x66\x61\x62ric\x18\x10 \x01(\x0b\x32\x12.swemu.FabricStats\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a/\n\rReleasedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a\x30\n\x0e\x44\x61taPlaneEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a-\n\x0b\x46\x61ultsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a.\n\x0c\x43\x61ptureEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"~\n\x0b\x46\x61\x62ricStats\x12\x10\n\x08instance\x18\x01 \x01(\x04\x12\x0e\n\x06parent\x18\x02 \x01(\t\x12\x17\n\x0fparent_instance\x18\x03 \x01(\x04\x12\x11\n\talways_up\x18\x04 \x01(\x08\x12\x10\n\x08\x63hildren\x18\x05 \x03(\t\x12\x0f\n\x07jobs_up\x18\x06 \x03(\x04\"\xbe\x01\n\x0b\x46\x61ultConfig\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x0f\n\x07loss_in\x18\x02 \x01(\x01\x12\x10\n\x08loss_out\x18\x03 \x01(\x01\x12\x11\n\tduplicate\x18\x04 \x01(\x01\x12\x12\n\nreorder_ms\x18\x05 \x01(\x01\x12\x10\n\x08\x64\x65lay_ms\x18\x06 \x01(\x01\x12\x0c\n\x04seed\x18\x07 \x01(\x04\x12\x13\n\x06worker\x18\x08 \x01(\x05H\x00\x88\x01\x01\x12\x11\n\tlink_gbps\x18\t \x01(\x01\x42\t\n\x07_worker2x\n\x0f\x45mulatorControl\x12\x30\n\x08GetStats\x12\x16.swemu.GetStatsRequest\x1a\x0c.swemu.Stats\x12\x33\n\tSetFaults\x12\x12.swemu.FaultConfig\x1a\x12.swemu.FaultConfigb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -50,31 +50,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETSTATSREQUEST']._serialized_start=25
   _globals['_GETSTATSREQUEST']._serialized_end=42
   _globals['_WORKERSTATS']._serialized_start=45
-  _globals['_WORKERSTATS']._serialized_end=223
-  _globals['_WORKERSTATS_COUNTERSENTRY']._serialized_start=176
-  _globals['_WORKERSTATS_COUNTERSENTRY']._serialized_end=223
-  _globals['_JOBSTATS']._serialized_start=226
-  _globals['_JOBSTATS']._serialized_end=644
-  _globals['_JOBSTATS_COUNTERSENTRY']._serialized_start=176
-  _globals['_JOBSTATS_COUNTERSENTRY']._serialized_end=223
-  _globals['_JOBSTATS_FAULTSENTRY']._serialized_start=599
-  _globals['_JOBSTATS_FAULTSENTRY']._serialized_end=644
-  _globals['_LIMITS']._serialized_start=647
-  _globals['_LIMITS']._serialized_end=802
-  _globals['_STATS']._serialized_start=805
-  _globals['_STATS']._serialized_end=1534
-  _globals['_STATS_COUNTERSENTRY']._serialized_start=176
-  _globals['_STATS_COUNTERSENTRY']._serialized_end=223
-  _globals['_STATS_RELEASEDENTRY']._serialized_start=1342
-  _globals['_STATS_RELEASEDENTRY']._serialized_end=1389
-  _globals['_STATS_DATAPLANEENTRY']._serialized_start=1391
-  _globals['_STATS_DATAPLANEENTRY']._serialized_end=1439
-  _globals['_STATS_FAULTSENTRY']._serialized_start=599
-  _globals['_STATS_FAULTSENTRY']._serialized_end=644
-  _globals['_STATS_CAPTUREENTRY']._serialized_start=1488
-  _globals['_STATS_CAPTUREENTRY']._serialized_end=1534
-  _globals['_FAULTCONFIG']._serialized_start=1537
-  _globals['_FAULTCONFIG']._serialized_end=1727
-  _globals['_EMULATORCONTROL']._serialized_start=1729
-  _globals['_EMULATORCONTROL']._serialized_end=1849
+  _globals['_WORKERSTATS']._serialized_end=238
+  _globals['_WORKERSTATS_COUNTERSENTRY']._serialized_start=191
+  _globals['_WORKERSTATS_COUNTERSENTRY']._serialized_end=238
+  _globals['_JOBSTATS']._serialized_start=241
+  _globals['_JOBSTATS']._serialized_end=691
+  _globals['_JOBSTATS_COUNTERSENTRY']._serialized_start=191
+  _globals['_JOBSTATS_COUNTERSENTRY']._serialized_end=238
+  _globals['_JOBSTATS_FAULTSENTRY']._serialized_start=646
+  _globals['_JOBSTATS_FAULTSENTRY']._serialized_end=691
+  _globals['_LIMITS']._serialized_start=694
+  _globals['_LIMITS']._serialized_end=849
+  _globals['_STATS']._serialized_start=852
+  _globals['_STATS']._serialized_end=1617
+  _globals['_STATS_COUNTERSENTRY']._serialized_start=191
+  _globals['_STATS_COUNTERSENTRY']._serialized_end=238
+  _globals['_STATS_RELEASEDENTRY']._serialized_start=1425
+  _globals['_STATS_RELEASEDENTRY']._serialized_end=1472
+  _globals['_STATS_DATAPLANEENTRY']._serialized_start=1474
+  _globals['_STATS_DATAPLANEENTRY']._serialized_end=1522
+  _globals['_STATS_FAULTSENTRY']._serialized_start=646
+  _globals['_STATS_FAULTSENTRY']._serialized_end=691
+  _globals['_STATS_CAPTUREENTRY']._serialized_start=1571
+  _globals['_STATS_CAPTUREENTRY']._serialized_end=1617
+  _globals['_FABRICSTATS']._serialized_start=1619
+  _globals['_FABRICSTATS']._serialized_end=1745
+  _globals['_FAULTCONFIG']._serialized_start=1748
+  _globals['_FAULTCONFIG']._serialized_end=1938
+  _globals['_EMULATORCONTROL']._serialized_start=1940
+  _globals['_EMULATORCONTROL']._serialized_end=2060
 # @@protoc_insertion_point(module_scope)

@@ -11,7 +11,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("rank", "registered", "ip", "udp_port", "counters")
+    __slots__ = ("rank", "registered", "ip", "udp_port", "counters", "child")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -24,15 +24,17 @@ class WorkerStats(_message.Message):
     IP_FIELD_NUMBER: _ClassVar[int]
     UDP_PORT_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    CHILD_FIELD_NUMBER: _ClassVar[int]
     rank: int
     registered: bool
     ip: str
     udp_port: int
     counters: _containers.ScalarMap[str, int]
-    def __init__(self, rank: _Optional[int] = ..., registered: _Optional[bool] = ..., ip: _Optional[str] = ..., udp_port: _Optional[int] = ..., counters: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    child: str
+    def __init__(self, rank: _Optional[int] = ..., registered: _Optional[bool] = ..., ip: _Optional[str] = ..., udp_port: _Optional[int] = ..., counters: _Optional[_Mapping[str, int]] = ..., child: _Optional[str] = ...) -> None: ...
 
 class JobStats(_message.Message):
-    __slots__ = ("session_id", "index", "num_workers", "size_code", "pool_size", "memory_bytes", "slots_pending", "slots_holding", "last_seen", "counters", "workers", "faults")
+    __slots__ = ("session_id", "index", "num_workers", "size_code", "pool_size", "memory_bytes", "slots_pending", "slots_holding", "last_seen", "counters", "workers", "faults", "parent", "uplink")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +61,8 @@ class JobStats(_message.Message):
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     FAULTS_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    UPLINK_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     index: int
     num_workers: int
@@ -71,7 +75,9 @@ class JobStats(_message.Message):
     counters: _containers.ScalarMap[str, int]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerStats]
     faults: _containers.ScalarMap[str, int]
-    def __init__(self, session_id: _Optional[int] = ..., index: _Optional[int] = ..., num_workers: _Optional[int] = ..., size_code: _Optional[int] = ..., pool_size: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., slots_pending: _Optional[_Iterable[int]] = ..., slots_holding: _Optional[_Iterable[int]] = ..., last_seen: _Optional[float] = ..., counters: _Optional[_Mapping[str, int]] = ..., workers: _Optional[_Iterable[_Union[WorkerStats, _Mapping]]] = ..., faults: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    parent: str
+    uplink: str
+    def __init__(self, session_id: _Optional[int] = ..., index: _Optional[int] = ..., num_workers: _Optional[int] = ..., size_code: _Optional[int] = ..., pool_size: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., slots_pending: _Optional[_Iterable[int]] = ..., slots_holding: _Optional[_Iterable[int]] = ..., last_seen: _Optional[float] = ..., counters: _Optional[_Mapping[str, int]] = ..., workers: _Optional[_Iterable[_Union[WorkerStats, _Mapping]]] = ..., faults: _Optional[_Mapping[str, int]] = ..., parent: _Optional[str] = ..., uplink: _Optional[str] = ...) -> None: ...
 
 class Limits(_message.Message):
     __slots__ = ("pool_size", "max_workers", "max_jobs", "max_pool_memory", "idle_timeout", "evict_after")
@@ -90,7 +96,7 @@ class Limits(_message.Message):
     def __init__(self, pool_size: _Optional[int] = ..., max_workers: _Optional[int] = ..., max_jobs: _Optional[int] = ..., max_pool_memory: _Optional[int] = ..., idle_timeout: _Optional[float] = ..., evict_after: _Optional[float] = ...) -> None: ...
 
 class Stats(_message.Message):
-    __slots__ = ("timestamp", "uptime", "counters", "released", "memory_in_use", "max_pool_memory", "jobs", "data_plane", "data_address", "control_address", "limits", "faults", "fault_configs", "capture", "version")
+    __slots__ = ("timestamp", "uptime", "counters", "released", "memory_in_use", "max_pool_memory", "jobs", "data_plane", "data_address", "control_address", "limits", "faults", "fault_configs", "capture", "version", "fabric")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +147,7 @@ class Stats(_message.Message):
     FAULT_CONFIGS_FIELD_NUMBER: _ClassVar[int]
     CAPTURE_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    FABRIC_FIELD_NUMBER: _ClassVar[int]
     timestamp: float
     uptime: float
     counters: _containers.ScalarMap[str, int]
@@ -156,7 +163,24 @@ class Stats(_message.Message):
     fault_configs: _containers.RepeatedCompositeFieldContainer[FaultConfig]
     capture: _containers.ScalarMap[str, int]
     version: str
-    def __init__(self, timestamp: _Optional[float] = ..., uptime: _Optional[float] = ..., counters: _Optional[_Mapping[str, int]] = ..., released: _Optional[_Mapping[str, int]] = ..., memory_in_use: _Optional[int] = ..., max_pool_memory: _Optional[int] = ..., jobs: _Optional[_Iterable[_Union[JobStats, _Mapping]]] = ..., data_plane: _Optional[_Mapping[str, int]] = ..., data_address: _Optional[str] = ..., control_address: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., faults: _Optional[_Mapping[str, int]] = ..., fault_configs: _Optional[_Iterable[_Union[FaultConfig, _Mapping]]] = ..., capture: _Optional[_Mapping[str, int]] = ..., version: _Optional[str] = ...) -> None: ...
+    fabric: FabricStats
+    def __init__(self, timestamp: _Optional[float] = ..., uptime: _Optional[float] = ..., counters: _Optional[_Mapping[str, int]] = ..., released: _Optional[_Mapping[str, int]] = ..., memory_in_use: _Optional[int] = ..., max_pool_memory: _Optional[int] = ..., jobs: _Optional[_Iterable[_Union[JobStats, _Mapping]]] = ..., data_plane: _Optional[_Mapping[str, int]] = ..., data_address: _Optional[str] = ..., control_address: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., faults: _Optional[_Mapping[str, int]] = ..., fault_configs: _Optional[_Iterable[_Union[FaultConfig, _Mapping]]] = ..., capture: _Optional[_Mapping[str, int]] = ..., version: _Optional[str] = ..., fabric: _Optional[_Union[FabricStats, _Mapping]] = ...) -> None: ...
+
+class FabricStats(_message.Message):
+    __slots__ = ("instance", "parent", "parent_instance", "always_up", "children", "jobs_up")
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    PARENT_INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    ALWAYS_UP_FIELD_NUMBER: _ClassVar[int]
+    CHILDREN_FIELD_NUMBER: _ClassVar[int]
+    JOBS_UP_FIELD_NUMBER: _ClassVar[int]
+    instance: int
+    parent: str
+    parent_instance: int
+    always_up: bool
+    children: _containers.RepeatedScalarFieldContainer[str]
+    jobs_up: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, instance: _Optional[int] = ..., parent: _Optional[str] = ..., parent_instance: _Optional[int] = ..., always_up: _Optional[bool] = ..., children: _Optional[_Iterable[str]] = ..., jobs_up: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class FaultConfig(_message.Message):
     __slots__ = ("session_id", "loss_in", "loss_out", "duplicate", "reorder_ms", "delay_ms", "seed", "worker", "link_gbps")
