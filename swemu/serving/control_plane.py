@@ -185,6 +185,7 @@ class SessionService(pb_grpc.SessionServicer):
                 mac=request.mac,
                 now=self.clock(),
                 loopback_broadcast=broadcast,
+                value_formats=int(request.value_formats),
             )
             if self.commit is not None:
                 await self.commit()
@@ -203,7 +204,7 @@ class SessionService(pb_grpc.SessionServicer):
             raise  # unreachable: abort raises
         params = session.params
         log.info(
-            "session %d: rank %d/%d at %s:%d (size code %d, pool %d)",
+            "session %d: rank %d/%d at %s:%d (size code %d, pool %d%s)",
             params.session_id,
             request.rank,
             params.num_workers,
@@ -211,6 +212,7 @@ class SessionService(pb_grpc.SessionServicer):
             udp_port,
             params.size_code,
             params.pool_size,
+            ", 16-bit values too" if params.value_formats else "",
         )
         if self.on_register is not None:
             self.on_register(params.session_id, request.rank)
@@ -222,6 +224,7 @@ class SessionService(pb_grpc.SessionServicer):
             broadcast_port=self.controller.broadcast_port(session) if broadcast else 0,
             emulator=self._emulator_info(),
             worker_identity=self.identity,
+            value_formats=params.value_formats,
         )
 
 

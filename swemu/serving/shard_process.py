@@ -128,8 +128,10 @@ class _Shard:
             self.done.set()
 
     # requests (op_<name>), in the order the main process sent them
-    def op_create_job(self, session_id: int, workers: int, code: int, pool: int) -> None:
-        self.engine.create_job(session_id, workers, code, pool, self.loop.time())
+    def op_create_job(
+        self, session_id: int, workers: int, code: int, pool: int, formats: int = 0
+    ) -> None:
+        self.engine.create_job(session_id, workers, code, pool, self.loop.time(), formats)
 
     def op_delete_job(self, session_id: int, why: str) -> None:
         job = self.engine.jobs.get(session_id)

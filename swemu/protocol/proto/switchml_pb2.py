@@ -24,43 +24,45 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0eswitchml.proto\x12\x0eswitchml_proto\"\xd7\x01\n\x12RdmaSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x13\n\x0bnum_workers\x18\x03 \x01(\r\x12\x0b\n\x03mac\x18\x04 \x01(\x04\x12\x0c\n\x04ipv4\x18\x05 \x01(\r\x12\x0c\n\x04rkey\x18\x06 \x01(\r\x12/\n\x0bpacket_size\x18\x07 \x01(\x0e\x32\x1a.switchml_proto.PacketSize\x12\x14\n\x0cmessage_size\x18\x08 \x01(\r\x12\x0c\n\x04qpns\x18\t \x03(\r\x12\x0c\n\x04psns\x18\n \x03(\r\"o\n\x13RdmaSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x0b\n\x03mac\x18\x02 \x01(\x04\x12\x0c\n\x04ipv4\x18\x03 \x01(\r\x12\r\n\x05rkeys\x18\x04 \x03(\r\x12\x0c\n\x04qpns\x18\x05 \x03(\r\x12\x0c\n\x04psns\x18\x06 \x03(\r\"\xd7\x01\n\x11UdpSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x13\n\x0bnum_workers\x18\x03 \x01(\r\x12\x0b\n\x03mac\x18\x04 \x01(\x04\x12\x0c\n\x04ipv4\x18\x05 \x01(\r\x12/\n\x0bpacket_size\x18\x07 \x01(\x0e\x32\x1a.switchml_proto.PacketSize\x12\x10\n\x08udp_port\x18\x08 \x01(\r\x12\x11\n\tpool_size\x18\t \x01(\r\x12\x1a\n\x12loopback_broadcast\x18\n \x01(\x08\"\xd8\x01\n\x12UdpSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x0b\n\x03mac\x18\x02 \x01(\x04\x12\x0c\n\x04ipv4\x18\x03 \x01(\r\x12\x12\n\ndata_ports\x18\x08 \x03(\r\x12\x16\n\x0e\x62roadcast_port\x18\t \x01(\r\x12.\n\x08\x65mulator\x18\n \x01(\x0b\x32\x1c.switchml_proto.EmulatorInfo\x12\x37\n\x0fworker_identity\x18\x0b \x01(\x0e\x32\x1e.switchml_proto.WorkerIdentity\"?\n\x0c\x45mulatorInfo\x12/\n\x0bpacket_size\x18\x01 \x01(\x0e\x32\x1a.switchml_proto.PacketSize\"R\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x0c\n\x04ipv4\x18\x03 \x01(\r\x12\x10\n\x08udp_port\x18\x04 \x01(\r\"B\n\x0fReleaseResponse\x12\r\n\x05\x66reed\x18\x01 \x01(\x08\x12\x11\n\tremaining\x18\x02 \x01(\r\x12\r\n\x05\x66ound\x18\x03 \x01(\x08\"\x13\n\x11SwitchInfoRequest\"9\n\x0e\x42\x61rrierRequest\x12\x13\n\x0bnum_workers\x18\x01 \x01(\r\x12\x12\n\nsession_id\x18\x02 \x01(\x04\"\x11\n\x0f\x42\x61rrierResponse\"f\n\x10\x42roadcastRequest\x12\r\n\x05value\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x13\n\x0bnum_workers\x18\x03 \x01(\r\x12\x0c\n\x04root\x18\x04 \x01(\r\x12\x12\n\nsession_id\x18\x05 \x01(\x04\"\"\n\x11\x42roadcastResponse\x12\r\n\x05value\x18\x01 \x01(\x04*M\n\x0eWorkerIdentity\x12\x14\n\x10IDENTITY_UNKNOWN\x10\x00\x12\x14\n\x10IDENTITY_IP_PORT\x10\x01\x12\x0f\n\x0bIDENTITY_IP\x10\x02*z\n\nPacketSize\x12\x0b\n\x07MTU_128\x10\x00\x12\x0b\n\x07MTU_256\x10\x01\x12\x0b\n\x07MTU_512\x10\x02\x12\x0c\n\x08MTU_1024\x10\x03\x12\x0c\n\x08\x45MU_2048\x10\x04\x12\x0c\n\x08\x45MU_4096\x10\x05\x12\x0c\n\x08\x45MU_8192\x10\x06\x12\r\n\tEMU_16384\x10\x07\x32\xdf\x02\n\x07Session\x12X\n\x0bRdmaSession\x12\".switchml_proto.RdmaSessionRequest\x1a#.switchml_proto.RdmaSessionResponse\"\x00\x12U\n\nUdpSession\x12!.switchml_proto.UdpSessionRequest\x1a\".switchml_proto.UdpSessionResponse\"\x00\x12L\n\x07Release\x12\x1e.switchml_proto.ReleaseRequest\x1a\x1f.switchml_proto.ReleaseResponse\"\x00\x12U\n\nSwitchInfo\x12!.switchml_proto.SwitchInfoRequest\x1a\".switchml_proto.UdpSessionResponse\"\x00\x32\xa8\x01\n\x04Sync\x12L\n\x07\x42\x61rrier\x12\x1e.switchml_proto.BarrierRequest\x1a\x1f.switchml_proto.BarrierResponse\"\x00\x12R\n\tBroadcast\x12 .switchml_proto.BroadcastRequest\x1a!.switchml_proto.BroadcastResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0eswitchml.proto\x12\x0eswitchml_proto\"\xd7\x01\n\x12RdmaSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x13\n\x0bnum_workers\x18\x03 \x01(\r\x12\x0b\n\x03mac\x18\x04 \x01(\x04\x12\x0c\n\x04ipv4\x18\x05 \x01(\r\x12\x0c\n\x04rkey\x18\x06 \x01(\r\x12/\n\x0bpacket_size\x18\x07 \x01(\x0e\x32\x1a.switchml_proto.PacketSize\x12\x14\n\x0cmessage_size\x18\x08 \x01(\r\x12\x0c\n\x04qpns\x18\t \x03(\r\x12\x0c\n\x04psns\x18\n \x03(\r\"o\n\x13RdmaSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x0b\n\x03mac\x18\x02 \x01(\x04\x12\x0c\n\x04ipv4\x18\x03 \x01(\r\x12\r\n\x05rkeys\x18\x04 \x03(\r\x12\x0c\n\x04qpns\x18\x05 \x03(\r\x12\x0c\n\x04psns\x18\x06 \x03(\r\"\x8c\x02\n\x11UdpSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x13\n\x0bnum_workers\x18\x03 \x01(\r\x12\x0b\n\x03mac\x18\x04 \x01(\x04\x12\x0c\n\x04ipv4\x18\x05 \x01(\r\x12/\n\x0bpacket_size\x18\x07 \x01(\x0e\x32\x1a.switchml_proto.PacketSize\x12\x10\n\x08udp_port\x18\x08 \x01(\r\x12\x11\n\tpool_size\x18\t \x01(\r\x12\x1a\n\x12loopback_broadcast\x18\n \x01(\x08\x12\x33\n\rvalue_formats\x18\x0b \x01(\x0e\x32\x1c.switchml_proto.ValueFormats\"\x8d\x02\n\x12UdpSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x0b\n\x03mac\x18\x02 \x01(\x04\x12\x0c\n\x04ipv4\x18\x03 \x01(\r\x12\x12\n\ndata_ports\x18\x08 \x03(\r\x12\x16\n\x0e\x62roadcast_port\x18\t \x01(\r\x12.\n\x08\x65mulator\x18\n \x01(\x0b\x32\x1c.switchml_proto.EmulatorInfo\x12\x37\n\x0fworker_identity\x18\x0b \x01(\x0e\x32\x1e.switchml_proto.WorkerIdentity\x12\x33\n\rvalue_formats\x18\x0c \x01(\x0e\x32\x1c.switchml_proto.ValueFormats\"?\n\x0c\x45mulatorInfo\x12/\n\x0bpacket_size\x18\x01 \x01(\x0e\x32\x1a.switchml_proto.PacketSize\"R\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x0c\n\x04ipv4\x18\x03 \x01(\r\x12\x10\n\x08udp_port\x18\x04 \x01(\r\"B\n\x0fReleaseResponse\x12\r\n\x05\x66reed\x18\x01 \x01(\x08\x12\x11\n\tremaining\x18\x02 \x01(\r\x12\r\n\x05\x66ound\x18\x03 \x01(\x08\"\x13\n\x11SwitchInfoRequest\"9\n\x0e\x42\x61rrierRequest\x12\x13\n\x0bnum_workers\x18\x01 \x01(\r\x12\x12\n\nsession_id\x18\x02 \x01(\x04\"\x11\n\x0f\x42\x61rrierResponse\"f\n\x10\x42roadcastRequest\x12\r\n\x05value\x18\x01 \x01(\x04\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x13\n\x0bnum_workers\x18\x03 \x01(\r\x12\x0c\n\x04root\x18\x04 \x01(\r\x12\x12\n\nsession_id\x18\x05 \x01(\x04\"\"\n\x11\x42roadcastResponse\x12\r\n\x05value\x18\x01 \x01(\x04*M\n\x0eWorkerIdentity\x12\x14\n\x10IDENTITY_UNKNOWN\x10\x00\x12\x14\n\x10IDENTITY_IP_PORT\x10\x01\x12\x0f\n\x0bIDENTITY_IP\x10\x02*>\n\x0cValueFormats\x12\x10\n\x0cVALUES_INT32\x10\x00\x12\x1c\n\x18VALUES_INT32_AND_BLOCK16\x10\x01*z\n\nPacketSize\x12\x0b\n\x07MTU_128\x10\x00\x12\x0b\n\x07MTU_256\x10\x01\x12\x0b\n\x07MTU_512\x10\x02\x12\x0c\n\x08MTU_1024\x10\x03\x12\x0c\n\x08\x45MU_2048\x10\x04\x12\x0c\n\x08\x45MU_4096\x10\x05\x12\x0c\n\x08\x45MU_8192\x10\x06\x12\r\n\tEMU_16384\x10\x07\x32\xdf\x02\n\x07Session\x12X\n\x0bRdmaSession\x12\".switchml_proto.RdmaSessionRequest\x1a#.switchml_proto.RdmaSessionResponse\"\x00\x12U\n\nUdpSession\x12!.switchml_proto.UdpSessionRequest\x1a\".switchml_proto.UdpSessionResponse\"\x00\x12L\n\x07Release\x12\x1e.switchml_proto.ReleaseRequest\x1a\x1f.switchml_proto.ReleaseResponse\"\x00\x12U\n\nSwitchInfo\x12!.switchml_proto.SwitchInfoRequest\x1a\".switchml_proto.UdpSessionResponse\"\x00\x32\xa8\x01\n\x04Sync\x12L\n\x07\x42\x61rrier\x12\x1e.switchml_proto.BarrierRequest\x1a\x1f.switchml_proto.BarrierResponse\"\x00\x12R\n\tBroadcast\x12 .switchml_proto.BroadcastRequest\x1a!.switchml_proto.BroadcastResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'switchml_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WORKERIDENTITY']._serialized_start=1258
-  _globals['_WORKERIDENTITY']._serialized_end=1335
-  _globals['_PACKETSIZE']._serialized_start=1337
-  _globals['_PACKETSIZE']._serialized_end=1459
+  _globals['_WORKERIDENTITY']._serialized_start=1364
+  _globals['_WORKERIDENTITY']._serialized_end=1441
+  _globals['_VALUEFORMATS']._serialized_start=1443
+  _globals['_VALUEFORMATS']._serialized_end=1505
+  _globals['_PACKETSIZE']._serialized_start=1507
+  _globals['_PACKETSIZE']._serialized_end=1629
   _globals['_RDMASESSIONREQUEST']._serialized_start=35
   _globals['_RDMASESSIONREQUEST']._serialized_end=250
   _globals['_RDMASESSIONRESPONSE']._serialized_start=252
   _globals['_RDMASESSIONRESPONSE']._serialized_end=363
   _globals['_UDPSESSIONREQUEST']._serialized_start=366
-  _globals['_UDPSESSIONREQUEST']._serialized_end=581
-  _globals['_UDPSESSIONRESPONSE']._serialized_start=584
-  _globals['_UDPSESSIONRESPONSE']._serialized_end=800
-  _globals['_EMULATORINFO']._serialized_start=802
-  _globals['_EMULATORINFO']._serialized_end=865
-  _globals['_RELEASEREQUEST']._serialized_start=867
-  _globals['_RELEASEREQUEST']._serialized_end=949
-  _globals['_RELEASERESPONSE']._serialized_start=951
-  _globals['_RELEASERESPONSE']._serialized_end=1017
-  _globals['_SWITCHINFOREQUEST']._serialized_start=1019
-  _globals['_SWITCHINFOREQUEST']._serialized_end=1038
-  _globals['_BARRIERREQUEST']._serialized_start=1040
-  _globals['_BARRIERREQUEST']._serialized_end=1097
-  _globals['_BARRIERRESPONSE']._serialized_start=1099
-  _globals['_BARRIERRESPONSE']._serialized_end=1116
-  _globals['_BROADCASTREQUEST']._serialized_start=1118
-  _globals['_BROADCASTREQUEST']._serialized_end=1220
-  _globals['_BROADCASTRESPONSE']._serialized_start=1222
-  _globals['_BROADCASTRESPONSE']._serialized_end=1256
-  _globals['_SESSION']._serialized_start=1462
-  _globals['_SESSION']._serialized_end=1813
-  _globals['_SYNC']._serialized_start=1816
-  _globals['_SYNC']._serialized_end=1984
+  _globals['_UDPSESSIONREQUEST']._serialized_end=634
+  _globals['_UDPSESSIONRESPONSE']._serialized_start=637
+  _globals['_UDPSESSIONRESPONSE']._serialized_end=906
+  _globals['_EMULATORINFO']._serialized_start=908
+  _globals['_EMULATORINFO']._serialized_end=971
+  _globals['_RELEASEREQUEST']._serialized_start=973
+  _globals['_RELEASEREQUEST']._serialized_end=1055
+  _globals['_RELEASERESPONSE']._serialized_start=1057
+  _globals['_RELEASERESPONSE']._serialized_end=1123
+  _globals['_SWITCHINFOREQUEST']._serialized_start=1125
+  _globals['_SWITCHINFOREQUEST']._serialized_end=1144
+  _globals['_BARRIERREQUEST']._serialized_start=1146
+  _globals['_BARRIERREQUEST']._serialized_end=1203
+  _globals['_BARRIERRESPONSE']._serialized_start=1205
+  _globals['_BARRIERRESPONSE']._serialized_end=1222
+  _globals['_BROADCASTREQUEST']._serialized_start=1224
+  _globals['_BROADCASTREQUEST']._serialized_end=1326
+  _globals['_BROADCASTRESPONSE']._serialized_start=1328
+  _globals['_BROADCASTRESPONSE']._serialized_end=1362
+  _globals['_SESSION']._serialized_start=1632
+  _globals['_SESSION']._serialized_end=1983
+  _globals['_SYNC']._serialized_start=1986
+  _globals['_SYNC']._serialized_end=2154
 # @@protoc_insertion_point(module_scope)
