@@ -52,6 +52,10 @@ class Membership:
     # how the switch tells workers apart (pb.WorkerIdentity): IDENTITY_UNKNOWN when
     # the reply does not say (a p4app-switchML controller, an older switch)
     worker_identity: int = pb.IDENTITY_UNKNOWN
+    # the job's value formats as the switch registered them (pb.ValueFormats):
+    # VALUES_INT32_AND_BLOCK16 lets a call send 16-bit values (docs/protocol.md §4.2);
+    # a switch without the extension answers VALUES_INT32
+    value_formats: int = pb.VALUES_INT32
 
 
 def new_session_id() -> int:
@@ -156,12 +160,15 @@ class ControlClient:
         mac: int = 0,
         loopback_broadcast: bool = False,
         registered: Callable[[pb.UdpSessionResponse], None] | None = None,
+        value_formats: int = pb.VALUES_INT32_AND_BLOCK16,
     ) -> Membership:
         """Register this worker and wait for the others (steps 1–3 above).
 
         ``registered`` is called with the switch's reply as soon as this worker
         is registered, before it waits for the others (it may open a socket that
-        must be ready before any result can come)."""
+        must be ready before any result can come). ``value_formats`` asks for the
+        16-bit format beside the 32-bit one (every rank asks the same); the reply
+        says whether the switch registered it (:attr:`Membership.value_formats`)."""
         scope = session_id or 0
 
         def register(sid: int):
@@ -175,6 +182,7 @@ class ControlClient:
                 udp_port=udp_port,
                 pool_size=pool_size,
                 loopback_broadcast=loopback_broadcast,
+                value_formats=value_formats,
             )
             return self._rpc(
                 f"UdpSession(rank {rank})", self.session.UdpSession, req, timeout=timeout
@@ -218,6 +226,7 @@ class ControlClient:
             int(resp.broadcast_port),
             int(resp.emulator.packet_size) if resp.HasField("emulator") else None,
             int(resp.worker_identity),
+            int(resp.value_formats),
         )
 
     async def gather(
