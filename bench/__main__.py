@@ -70,9 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--shards", type=int, default=1, help="data-plane processes of the emulator")
     a.add_argument(
         "--dtype",
-        choices=["float32", "int32"],
+        choices=["float32", "int32", "float16"],
         default="float32",
-        help="int32: exact sums, no quantization (the transport's own cost)",
+        help="int32: exact sums, no quantization (the transport's own cost); float16: "
+        "SwitchML's 16-bit values against gloo's ring on float16 tensors",
     )
     a.add_argument(
         "--neighbour",
@@ -114,6 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--seconds", type=float, default=1.0)
     s.add_argument("--shards", type=int, default=1, help="data-plane processes (serve --shards)")
     s.add_argument("--out", type=Path, default=Path("bench/results"))
+    pr = sub.add_parser(
+        "precision", help="16-bit SwitchML vs float16/bfloat16 rings: errors of the sums"
+    )
+    pr.add_argument("--workers", type=_list(int), default=[4, 32])
+    pr.add_argument("--values", type=int, default=1 << 16, help="values per worker")
+    pr.add_argument("--size-code", type=int, default=6)
+    pr.add_argument("--out", type=Path, default=Path("bench/results"))
     sub.add_parser("decode", help="switchml-emu decode on a big synthetic capture (MB/s)")
     if (sys.argv[1:] if argv is None else argv)[:1] == ["decode"]:  # options of its own
         from .decode import main as decode_main
@@ -389,6 +397,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.what == "compression":
         return _compression(args)
+    if args.what == "precision":
+        from . import precision
+
+        data = precision.measure(args.workers, args.values, args.size_code)
+        _save(args.out, "precision", data, precision.markdown(data), newline=True)
+        return 0
     if args.what == "identity":
         from . import identity
 
