@@ -114,6 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--reps", type=int, default=5)
     s.add_argument("--seconds", type=float, default=1.0)
     s.add_argument("--shards", type=int, default=1, help="data-plane processes (serve --shards)")
+    s.add_argument(
+        "--formats",
+        type=_list(int),
+        default=[32],
+        help="value formats: 32, and/or 16 (docs/protocol.md §4.2), interleaved",
+    )
     s.add_argument("--out", type=Path, default=Path("bench/results"))
     pr = sub.add_parser(
         "precision", help="16-bit SwitchML vs float16/bfloat16 rings: errors of the sums"
@@ -211,11 +217,19 @@ def main(argv: list[str] | None = None) -> int:
         help="HIDDENxLAYERS@BATCH,... (default 2048x3@16,512x4@512: comm- and compute-heavy)",
     )
     cp.add_argument(
-        "--methods", default=None, help="a comma list of " + "switchml,gloo,fp16,powersgd,topk,qsgd"
+        "--methods",
+        default=None,
+        help="a comma list of switchml,switchml16,switchml-fp16,gloo,fp16,bf16,powersgd,topk,qsgd",
     )
     cp.add_argument("--steps", type=int, default=30, help="training steps per run")
     cp.add_argument("--reps", type=int, default=1, help="runs per method and point")
     cp.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (momentum 0.9)")
+    cp.add_argument(
+        "--vary-seed",
+        action="store_true",
+        help="repetition r starts from seed r (weights, data order): the spread of a "
+        "method's final loss is its run-to-run noise",
+    )
     cp.add_argument(
         "--quick",
         action="store_true",
@@ -418,14 +432,32 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from .switch import run as run_switch
 
+    if set(args.formats) - {16, 32} or not args.formats:
+        raise BenchError("--formats is a list of 32 and 16")
     rows = []
     for code in args.size_codes:
-        r = run_switch(args.workers, code, args.window, args.reps, args.seconds, args.shards)
-        rows.append(r)
-        print(
-            f"{r['packet_bytes']:>6} B: aggregation {r['agg_pps'] / 1e3:7.0f} kpkt/s, "
-            f"echo {r['echo_pps'] / 1e3:7.0f} kpkt/s, ratio {r['ratio']:.2f}"
+        r = run_switch(
+            args.workers,
+            code,
+            args.window,
+            args.reps,
+            args.seconds,
+            args.shards,
+            tuple(args.formats),
         )
+        rows.append(r)
+        for bits, f in r["formats"].items():
+            print(
+                f"{r['packet_bytes']:>6} B, {bits}-bit values: aggregation "
+                f"{f['agg_pps'] / 1e3:7.0f} kpkt/s, echo {f['echo_pps'] / 1e3:7.0f} kpkt/s, "
+                f"ratio {f['ratio']:.2f}"
+            )
+        if "agg16_over_agg32" in r:
+            print(
+                f"{r['packet_bytes']:>6} B: 16-bit / 32-bit aggregation per byte "
+                f"{r['agg16_over_agg32']:.3f} (paired {r['agg16_over_agg32_paired']:.3f}), "
+                "per value twice that"
+            )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "switch.json").write_text(json.dumps(rows, indent=2))
     return 0
@@ -471,6 +503,7 @@ def _compression(args: argparse.Namespace) -> int:
                 lr=args.lr,
                 partial=args.out / f"{args.name}.partial.json",
                 log=lambda m: print(m, file=sys.stderr),
+                vary_seed=args.vary_seed,
                 **timing,
             )
         except (compression.rack_lib.ClusterError, ValueError) as exc:

@@ -196,6 +196,15 @@ def test_quick_run_all_methods(tmp_path):
     chunks = math.ceil(params / 2048)
     assert sw["packets"] == timed * (chunks + min(63, chunks))  # + the exponent window
     assert sent["switchml"] == (sw["packets"] + sw["retransmissions"]) * packet / timed
+    # 16 bits a value (docs/protocol.md §4.2): twice the values a packet, every call
+    # a 16-bit one, from float32 buckets (SWITCHML_VALUES16) or fp16's float16 ones
+    chunks16 = math.ceil(params / 4096)
+    for m in ("switchml16", "switchml-fp16"):
+        s16 = rows[m]["switch"]
+        assert s16["values16"] == s16["calls"] == timed, m
+        assert s16["packets"] == timed * (chunks16 + min(63, chunks16)), m
+        assert sent[m] == (s16["packets"] + s16["retransmissions"]) * packet / timed
+    assert sent["bf16"] == pytest.approx(sent["gloo"] / 2)
     assert rows["qsgd"]["codec_s_per_step"] > 0 and rows["topk"]["codec_s_per_step"] > 0
     table = (tmp_path / "compression.md").read_text()
     assert all(f"| {m} |" in table for m in bc.METHODS)
