@@ -120,6 +120,12 @@ def main(argv: list[str] | None = None) -> int:
         default=[32],
         help="value formats: 32, and/or 16 (docs/protocol.md §4.2), interleaved",
     )
+    s.add_argument(
+        "--engine",
+        action="store_true",
+        help="the switch kernel alone, in memory (no sockets): bytes/s per value format",
+    )
+    s.add_argument("--rounds", type=int, default=200, help="--engine: windows per repetition")
     s.add_argument("--out", type=Path, default=Path("bench/results"))
     pr = sub.add_parser(
         "precision", help="16-bit SwitchML vs float16/bfloat16 rings: errors of the sums"
@@ -434,6 +440,24 @@ def main(argv: list[str] | None = None) -> int:
 
     if set(args.formats) - {16, 32} or not args.formats:
         raise BenchError("--formats is a list of 32 and 16")
+    if args.engine:
+        from .switch import engine_rates
+
+        rows = []
+        for code in args.size_codes:
+            r = engine_rates(
+                args.workers, code, args.window, args.rounds, args.reps, tuple(args.formats)
+            )
+            rows.append(r)
+            rates = ", ".join(f"{b}-bit {v / 1e9:.2f} GB/s" for b, v in r["bytes_per_s"].items())
+            ratio = r.get("b16_over_b32_paired")
+            print(
+                f"{r['packet_bytes']:>6} B, switch kernel in memory: {rates}"
+                + (f"; 16-bit / 32-bit per byte {ratio:.3f} (paired)" if ratio else "")
+            )
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "switch_engine.json").write_text(json.dumps(rows, indent=2))
+        return 0
     rows = []
     for code in args.size_codes:
         r = run_switch(

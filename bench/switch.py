@@ -20,6 +20,9 @@ hostlib sends them) in the same bytes. The packets being as long, the ratio of
 the packet rates is the ratio per byte (and a 16-bit packet carries twice the
 values).
 
+``python -m bench switch --engine`` measures the switch kernel alone, in memory (no
+sockets): bytes per second of each value format, alternating.
+
 Run: ``python -m bench.switch [--size-code 3] [--workers 4] [--window 32] [--shards 1]
 [--formats 32,16]``.
 """
@@ -237,6 +240,93 @@ def measure(
                 proc.wait(10)
             for s in socks:
                 s.close()
+
+
+def engine_rates(
+    workers: int,
+    size_code: int,
+    window: int,
+    rounds: int,
+    reps: int,
+    formats: tuple[int, ...] = (32, 16),
+) -> dict:
+    """The switch kernel alone (``--engine``): :meth:`SwitchEngine.process` on
+    prebuilt batches of W workers' packets, one per slot of a window, the sets
+    alternating so that every packet is a new contribution and every W-th completes
+    a slot; no sockets, so what differs between the formats is the kernel's work.
+    Formats alternate, ``reps`` times ``rounds`` windows each; bytes in per second
+    of this thread's CPU time (the kernel runs in it)."""
+    from swemu.core.engine import Batch, EngineConfig, SwitchEngine
+
+    plen = wire.packet_len(size_code)
+    rng = np.random.default_rng(0)
+    lanes = 2 * quant.offset16(workers)
+    setups = {}
+    for bits in formats:
+        eng = SwitchEngine(EngineConfig(pool_size=window))
+        for rank in range(workers):
+            eng.register(
+                session_id=1,
+                rank=rank,
+                num_workers=workers,
+                ipv4=0x7F000001,
+                udp_port=1000 + rank,
+                packet_size=size_code,
+                pool_size=window,
+                value_formats=int(bits == 16),
+            )
+        batches = []
+        for st in range(2):
+            rows = []
+            for s in range(window):
+                for k in range(workers):
+                    if bits == 16:
+                        vals = rng.integers(0, lanes + 1, wire.values16_per_packet(size_code))
+                    else:
+                        n = wire.values_per_packet(size_code)
+                        vals = rng.integers(-1000, 1000, n, dtype=np.int32)
+                    data = wire.encode(
+                        size_code=size_code,
+                        job_number=0,
+                        tsi=s,
+                        set=st,
+                        slot=s,
+                        values=vals,
+                        values16=bits == 16,
+                    )
+                    rows.append((data, 1000 + k))
+            for lo in range(0, len(rows), 64):
+                b = Batch(64, plen)
+                for data, port in rows[lo : lo + 64]:
+                    b.add(data, 0x7F000001, port)
+                batches.append(b)
+        setups[bits] = (eng, batches)
+    rates: dict[int, list[float]] = {bits: [] for bits in formats}
+    for eng, batches in setups.values():  # compile and touch the pools
+        for b in batches:
+            eng.process(b)
+    for rep in range(reps):
+        for bits in formats if rep % 2 == 0 else formats[::-1]:
+            eng, batches = setups[bits]
+            total = rounds * sum(b.n for b in batches) * plen / 2
+            t0 = time.thread_time()  # CPU time: a shared machine's preemption is not in it
+            for _ in range(rounds // 2):
+                for b in batches:
+                    eng.process(b)
+            rates[bits].append(total / (time.thread_time() - t0))
+    out = {
+        "workers": workers,
+        "size_code": size_code,
+        "packet_bytes": plen,
+        "window": window,
+        "reps": reps,
+        "bytes_per_s": {str(b): statistics.median(v) for b, v in rates.items()},
+        "bytes_per_s_all": {str(b): v for b, v in rates.items()},
+    }
+    if 16 in rates and 32 in rates:
+        paired = [a / b for a, b in zip(rates[16], rates[32], strict=True)]
+        out["b16_over_b32_paired"] = statistics.median(paired)
+    return out
 
 
 def run(
