@@ -35,7 +35,13 @@ from swemu.protocol.netutil import (
 )
 from swemu.protocol.proto import switchml_pb2 as pb
 from swemu.protocol.worker import kernels as K
-from swemu.protocol.worker.protocol import Allreduce, Timing, WorkerProtocol, warmup
+from swemu.protocol.worker.protocol import (
+    Allreduce,
+    Timing,
+    WorkerProtocol,
+    dtype_name,
+    warmup,
+)
 
 from . import fastpath
 from .control import ControlClient, Membership
@@ -397,8 +403,6 @@ class AsyncContext:
         True, or None and the context's :attr:`Options.values16`, for float32), or a
         float16/bfloat16 tensor by default; never for int32, and only where the
         switch offers it (else the 32-bit wire, said once in the log)."""
-        from swemu.protocol.worker.protocol import dtype_name
-
         dtype = dtype_name(x, bfloat16)
         if dtype == "int32":
             return bool(values16)  # True: the protocol refuses it (int32 sums are exact)
