@@ -255,19 +255,11 @@ def checks(out: dict, rank: int, size: int) -> None:
         nn.Linear(40, 300), nn.Tanh(), nn.Linear(300, 300), nn.Tanh(), nn.Linear(300, 8)
     )
     ddp = nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.1)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     calls0 = world.switchml_stats()["calls"]
     g = torch.Generator().manual_seed(rank)
-    for _ in range(4):
-        x, y = torch.randn(16, 40, generator=g), torch.randint(0, 8, (16,), generator=g)
-        opt.zero_grad()
-        nn.functional.cross_entropy(ddp(x), y).backward()
-        opt.step()
-    flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
-    replicas = [torch.zeros_like(flat) for _ in range(size)]
-    dist.all_gather(replicas, flat)
+    flat, identical = _train(ddp, 4, g, size)
     out["ddp"] = {
-        "identical": all(torch.equal(r, flat) for r in replicas),
+        "identical": identical,
         "switch_calls": world.switchml_stats()["calls"] - calls0,
         "moved": float((flat - torch.cat([p.detach().reshape(-1) for p in _fresh()])).abs().max()),
     }
@@ -287,19 +279,11 @@ def checks(out: dict, rank: int, size: int) -> None:
         net = nn.Sequential(nn.Linear(40, 300), nn.Tanh(), nn.Linear(300, 8))
         ddp = nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.1)
         ddp.register_comm_hook(world, hook)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
         before = world.switchml_stats()
-        for _ in range(3):
-            x, y = torch.randn(16, 40, generator=g), torch.randint(0, 8, (16,), generator=g)
-            opt.zero_grad()
-            nn.functional.cross_entropy(ddp(x), y).backward()
-            opt.step()
-        flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
-        replicas = [torch.zeros_like(flat) for _ in range(size)]
-        dist.all_gather(replicas, flat)
+        _, identical = _train(ddp, 3, g, size)
         after = world.switchml_stats()
         hooks[name] = {
-            "identical": all(torch.equal(r, flat) for r in replicas),
+            "identical": identical,
             "switch_calls": after["calls"] - before["calls"],
             "values16_calls": after["values16"] - before["values16"],
         }
@@ -332,6 +316,21 @@ def checks(out: dict, rank: int, size: int) -> None:
         }
     dist.barrier()
     out["stats"] = world.switchml_stats()
+
+
+def _train(ddp, steps: int, g: torch.Generator, size: int) -> tuple[torch.Tensor, bool]:
+    """``steps`` SGD steps of ``ddp`` on random batches; its flat parameters after,
+    and whether every rank holds the same (all_gather through gloo)."""
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    for _ in range(steps):
+        x, y = torch.randn(16, 40, generator=g), torch.randint(0, 8, (16,), generator=g)
+        opt.zero_grad()
+        nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+    flat = torch.cat([p.detach().reshape(-1) for p in ddp.module.parameters()])
+    replicas = [torch.zeros_like(flat) for _ in range(size)]
+    dist.all_gather(replicas, flat)
+    return flat, all(torch.equal(r, flat) for r in replicas)
 
 
 def _fresh():
