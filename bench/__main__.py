@@ -231,6 +231,13 @@ def main(argv: list[str] | None = None) -> int:
     cp.add_argument("--reps", type=int, default=1, help="runs per method and point")
     cp.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (momentum 0.9)")
     cp.add_argument(
+        "--emulator-nice",
+        type=int,
+        default=-10,
+        help="niceness of the emulator (keep it 10 below the workers' when running the "
+        "benchmark under nice)",
+    )
+    cp.add_argument(
         "--vary-seed",
         action="store_true",
         help="repetition r starts from seed r (weights, data order): the spread of a "
@@ -528,6 +535,7 @@ def _compression(args: argparse.Namespace) -> int:
                 partial=args.out / f"{args.name}.partial.json",
                 log=lambda m: print(m, file=sys.stderr),
                 vary_seed=args.vary_seed,
+                emulator_nice=args.emulator_nice,
                 **timing,
             )
         except (compression.rack_lib.ClusterError, ValueError) as exc:
