@@ -70,9 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--shards", type=int, default=1, help="data-plane processes of the emulator")
     a.add_argument(
         "--dtype",
-        choices=["float32", "int32"],
+        choices=["float32", "int32", "float16"],
         default="float32",
-        help="int32: exact sums, no quantization (the transport's own cost)",
+        help="int32: exact sums, no quantization (the transport's own cost); float16: "
+        "SwitchML's 16-bit values against gloo's ring on float16 tensors",
     )
     a.add_argument(
         "--neighbour",
@@ -113,7 +114,26 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--reps", type=int, default=5)
     s.add_argument("--seconds", type=float, default=1.0)
     s.add_argument("--shards", type=int, default=1, help="data-plane processes (serve --shards)")
+    s.add_argument(
+        "--formats",
+        type=_list(int),
+        default=[32],
+        help="value formats: 32, and/or 16 (docs/protocol.md §4.2), interleaved",
+    )
+    s.add_argument(
+        "--engine",
+        action="store_true",
+        help="the switch kernel alone, in memory (no sockets): bytes/s per value format",
+    )
+    s.add_argument("--rounds", type=int, default=200, help="--engine: windows per repetition")
     s.add_argument("--out", type=Path, default=Path("bench/results"))
+    pr = sub.add_parser(
+        "precision", help="16-bit SwitchML vs float16/bfloat16 rings: errors of the sums"
+    )
+    pr.add_argument("--workers", type=_list(int), default=[4, 32])
+    pr.add_argument("--values", type=int, default=1 << 16, help="values per worker")
+    pr.add_argument("--size-code", type=int, default=6)
+    pr.add_argument("--out", type=Path, default=Path("bench/results"))
     sub.add_parser("decode", help="switchml-emu decode on a big synthetic capture (MB/s)")
     if (sys.argv[1:] if argv is None else argv)[:1] == ["decode"]:  # options of its own
         from .decode import main as decode_main
@@ -209,11 +229,26 @@ def main(argv: list[str] | None = None) -> int:
         help="HIDDENxLAYERS@BATCH,... (default 2048x3@16,512x4@512: comm- and compute-heavy)",
     )
     cp.add_argument(
-        "--methods", default=None, help="a comma list of " + "switchml,gloo,fp16,powersgd,topk,qsgd"
+        "--methods",
+        default=None,
+        help="a comma list of switchml,switchml16,switchml-fp16,gloo,fp16,bf16,powersgd,topk,qsgd",
     )
     cp.add_argument("--steps", type=int, default=30, help="training steps per run")
     cp.add_argument("--reps", type=int, default=1, help="runs per method and point")
     cp.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (momentum 0.9)")
+    cp.add_argument(
+        "--emulator-nice",
+        type=int,
+        default=-10,
+        help="niceness of the emulator (keep it 10 below the workers' when running the "
+        "benchmark under nice)",
+    )
+    cp.add_argument(
+        "--vary-seed",
+        action="store_true",
+        help="repetition r starts from seed r (weights, data order): the spread of a "
+        "method's final loss is its run-to-run noise",
+    )
     cp.add_argument(
         "--quick",
         action="store_true",
@@ -401,6 +436,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.what == "compression":
         return _compression(args)
+    if args.what == "precision":
+        from . import precision
+
+        data = precision.measure(args.workers, args.values, args.size_code)
+        _save(args.out, "precision", data, precision.markdown(data), newline=True)
+        return 0
     if args.what == "identity":
         from . import identity
 
@@ -416,14 +457,50 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from .switch import run as run_switch
 
+    if set(args.formats) - {16, 32} or not args.formats:
+        raise BenchError("--formats is a list of 32 and 16")
+    if args.engine:
+        from .switch import engine_rates
+
+        rows = []
+        for code in args.size_codes:
+            r = engine_rates(
+                args.workers, code, args.window, args.rounds, args.reps, tuple(args.formats)
+            )
+            rows.append(r)
+            rates = ", ".join(f"{b}-bit {v / 1e9:.2f} GB/s" for b, v in r["bytes_per_s"].items())
+            ratio = r.get("b16_over_b32_paired")
+            print(
+                f"{r['packet_bytes']:>6} B, switch kernel in memory: {rates}"
+                + (f"; 16-bit / 32-bit per byte {ratio:.3f} (paired)" if ratio else "")
+            )
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "switch_engine.json").write_text(json.dumps(rows, indent=2))
+        return 0
     rows = []
     for code in args.size_codes:
-        r = run_switch(args.workers, code, args.window, args.reps, args.seconds, args.shards)
-        rows.append(r)
-        print(
-            f"{r['packet_bytes']:>6} B: aggregation {r['agg_pps'] / 1e3:7.0f} kpkt/s, "
-            f"echo {r['echo_pps'] / 1e3:7.0f} kpkt/s, ratio {r['ratio']:.2f}"
+        r = run_switch(
+            args.workers,
+            code,
+            args.window,
+            args.reps,
+            args.seconds,
+            args.shards,
+            tuple(args.formats),
         )
+        rows.append(r)
+        for bits, f in r["formats"].items():
+            print(
+                f"{r['packet_bytes']:>6} B, {bits}-bit values: aggregation "
+                f"{f['agg_pps'] / 1e3:7.0f} kpkt/s, echo {f['echo_pps'] / 1e3:7.0f} kpkt/s, "
+                f"ratio {f['ratio']:.2f}"
+            )
+        if "agg16_over_agg32" in r:
+            print(
+                f"{r['packet_bytes']:>6} B: 16-bit / 32-bit aggregation per byte "
+                f"{r['agg16_over_agg32']:.3f} (paired {r['agg16_over_agg32_paired']:.3f}), "
+                "per value twice that"
+            )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "switch.json").write_text(json.dumps(rows, indent=2))
     return 0
@@ -469,6 +546,8 @@ def _compression(args: argparse.Namespace) -> int:
                 lr=args.lr,
                 partial=args.out / f"{args.name}.partial.json",
                 log=lambda m: print(m, file=sys.stderr),
+                vary_seed=args.vary_seed,
+                emulator_nice=args.emulator_nice,
                 **timing,
             )
         except (compression.rack_lib.ClusterError, ValueError) as exc:

@@ -31,7 +31,9 @@ Methods:
 
 * ``switchml-<code>``: ``hostlib`` allreduce through the emulator (float32 by
   default; ``--dtype int32`` sends exact integers, no quantization: the
-  transport's own cost), into an ``out=`` array allocated once per size;
+  transport's own cost; ``--dtype float16`` sends 16-bit values, docs/protocol.md
+  §4.2, against gloo's ring on float16 tensors), into an ``out=`` array
+  allocated once per size;
 * ``switchml-<code>-new``: the same call without ``out=`` (``y =
   ctx.allreduce(x)``, a new result each call, the previous one dropped after
   the call as a loop that rebinds its result does): the call most users make
@@ -234,7 +236,10 @@ def _worker(
             "gloo", init_method=f"tcp://127.0.0.1:{master}", rank=rank, world_size=w
         )
     ctxs = {}
-    nvals = {name: 32 << code for name, _, _, code, *_ in targets}
+    # values per packet: twice as many at 16 bits (float16 goes on the 16-bit wire)
+    per_packet = 64 if np.dtype(dtype) == np.float16 else 32
+    nvals = {name: per_packet << code for name, _, _, code, *_ in targets}
+    itemsize = np.dtype(dtype).itemsize
     if targets:
         import hostlib
 
@@ -258,12 +263,13 @@ def _worker(
         key = (kind, nbytes)
         if key not in arrays:
             if kind == "x":
-                arrays[key] = testdata.worker_input(rank, nbytes // 4, 0, dtype)
+                arrays[key] = testdata.worker_input(rank, nbytes // itemsize, 0, dtype)
             elif kind == "out":
                 arrays[key] = np.zeros_like(array("x", nbytes))  # touched: no page faults
             elif kind == "randn":
                 rng = np.random.default_rng(rank)
-                arrays[key] = torch.from_numpy(rng.standard_normal(nbytes // 4, np.float32))
+                randn = rng.standard_normal(nbytes // itemsize, np.float32)
+                arrays[key] = torch.from_numpy(randn.astype(dtype))
             elif kind == "t":
                 arrays[key] = torch.from_numpy(array("x", nbytes).copy())
             else:  # INPLACE: initialised once, then left to gloo's in-place sums
@@ -449,8 +455,10 @@ def run(
     ``switchml-7w63`` with 63 slots)."""
     from swemu.launch import EmulatorProcess
 
-    if dtype not in ("float32", "int32"):
-        raise ValueError(f"dtype must be float32 or int32, not {dtype!r}")
+    if dtype not in ("float32", "int32", "float16"):
+        raise ValueError(f"dtype must be float32, int32 or float16, not {dtype!r}")
+    if dtype == "float16" and max(workers) > 8:
+        raise ValueError("float16's test data is exact for at most 8 workers")
     loads = {"off": [QUIET], "on": [LOADED], "both": [QUIET, LOADED]}.get(neighbour)
     if loads is None:
         raise ValueError(f"neighbour must be off, on or both, not {neighbour!r}")

@@ -7,8 +7,15 @@ repetition to repetition):
 
 - ``switchml``: the ``switchml`` torch.distributed backend (``import hostlib.torch``),
   no hook: every bucket is one allreduce through the emulator;
+- ``switchml16``: the same with ``SWITCHML_VALUES16=1``: the float32 buckets go as
+  16-bit values (docs/protocol.md §4.2), no cast on the worker;
+- ``switchml-fp16``: the ``switchml`` backend with torch's ``fp16_compress_hook``:
+  float16 buckets, 16-bit values through the switch (fp16's recipe, SwitchML's sum);
 - ``gloo``: plain DDP on gloo (a ring allreduce of float32 buckets);
 - ``fp16``: gloo with torch's ``fp16_compress_hook`` (buckets cast to float16);
+- ``bf16``: gloo with torch's ``bf16_compress_hook`` recipe (buckets cast to
+  bfloat16; ``hostlib.torch.switchml_bf16_compress_hook``, the same code under a name
+  DDP accepts on CPU);
 - ``powersgd``: gloo with torch's PowerSGD hook, rank ``POWERSGD_RANK``, plain
   allreduce for the first ``POWERSGD_START`` steps (its warm-up), error feedback;
 - ``topk``: :func:`topk_hook`, the ``TOPK_RATIO`` largest magnitudes of each bucket
@@ -59,7 +66,19 @@ import swemu.rack as rack_lib
 
 from . import training
 
-METHODS = ("switchml", "gloo", "fp16", "powersgd", "topk", "qsgd")
+METHODS = (
+    "switchml",
+    "switchml16",
+    "switchml-fp16",
+    "gloo",
+    "fp16",
+    "bf16",
+    "powersgd",
+    "topk",
+    "qsgd",
+)
+#: the methods through the switch (the switchml backend)
+SWITCHML_METHODS = ("switchml", "switchml16", "switchml-fp16")
 TOPK_RATIO = 0.01  # of each bucket's values, as in the paper's Top-k configuration
 QSGD_LEVELS = 127  # magnitude levels: sign and level fit one int8 (8-bit QSGD)
 QSGD_BUCKET = 512  # values per norm (QSGD's bucketing: the variance grows with it)
@@ -343,10 +362,14 @@ def run(
     emulator_nice: int = -10,
     partial: Path | None = None,
     log: Callable[[str], None] = print,
+    vary_seed: bool = False,
 ) -> dict[str, Any]:
     """Every (site, model, repetition, method), interleaved; ``sites`` are link
-    rates in Gbit/s (the emulated rack) and ``"lo"`` (loopback). Returns the
-    configuration, every run's row and the summary."""
+    rates in Gbit/s (the emulated rack) and ``"lo"`` (loopback). With
+    ``vary_seed`` repetition r starts from seed r (weights and data order), so
+    that the spread of a method's final loss over repetitions is its run-to-run
+    noise; otherwise every repetition has seed 0. Returns the configuration,
+    every run's row and the summary."""
     bad = [m for m in methods if m not in METHODS]
     if bad:
         raise ValueError(f"unknown method(s) {', '.join(bad)}; known: {', '.join(METHODS)}")
@@ -373,6 +396,7 @@ def run(
         "powersgd_start": powersgd_start,
         "emulator_nice": emulator_nice,
         "mtu": 9000,
+        "vary_seed": vary_seed,
     }
     code = rack_lib.code_state()
     results: list[dict[str, Any]] = []
@@ -395,6 +419,7 @@ def run(
                         "bucket_mb": bucket_mb,
                         "timed_from": timed_from,
                         "powersgd_start": powersgd_start,
+                        "seed": rep if vary_seed else 0,
                     }
                     ranks = start(launch, args, Path(tmp) / f"run{launch}")
                     row = _row(ranks, method, site, model, workers, rep, timed_from)
@@ -581,13 +606,20 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 vals = [r[k] for r in mine if r.get(k) is not None]
                 s[k] = statistics.median(vals) if vals else None
             s.update(reps=len(mine), params=mine[0]["params"], workers=mine[0]["workers"])
+            # per repetition, in order (with --vary-seed: per seed)
+            s["final_loss_all"] = [r["final_loss"] for r in sorted(mine, key=lambda r: r["rep"])]
+            s["median_step_s_all"] = [
+                r["median_step_s"] for r in sorted(mine, key=lambda r: r["rep"])
+            ]
             by_method[method] = s
-        gloo = by_method.get("gloo")
+        gloo, fp16 = by_method.get("gloo"), by_method.get("fp16")
         for s in by_method.values():
             if gloo:
                 s["speedup_vs_gloo"] = gloo["median_step_s"] / s["median_step_s"]
                 s["bytes_vs_gloo"] = s["sent_bytes_per_step"] / gloo["sent_bytes_per_step"]
                 s["loss_minus_gloo"] = s["final_loss"] - gloo["final_loss"]
+            if fp16:
+                s["speedup_vs_fp16"] = fp16["median_step_s"] / s["median_step_s"]
             out.append(s)
     return out
 
@@ -610,20 +642,21 @@ def markdown(data: dict[str, Any]) -> str:
         f"feedback, QSGD {c['qsgd_levels']} levels per {c['qsgd_bucket']} values, PowerSGD "
         f"rank {c['powersgd_rank']} from step {c['powersgd_start']}",
         "",
-        "| site | model (params) | method | step ms | speedup vs gloo | compute ms "
+        "| site | model (params) | method | step ms | speedup vs gloo | vs fp16 | compute ms "
         "| MB sent / step / worker (counted) | MB on the wire (veth tx) | bytes vs gloo "
         "| codec ms / step | final loss | accuracy |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in data["summary"]:
         lines.append(
             f"| {_site_name(s['site'])} | {s['model']} ({s['params'] / 1e6:.2f} M) "
             f"| {s['method']} | {_f(s['median_step_s'], '.0f', 1e3)} "
-            f"| {_f(s.get('speedup_vs_gloo'), '.2f')}× | {_f(s['compute_s'], '.0f', 1e3)} "
+            f"| {_f(s.get('speedup_vs_gloo'), '.2f')}× | {_f(s.get('speedup_vs_fp16'), '.2f')}× "
+            f"| {_f(s['compute_s'], '.0f', 1e3)} "
             f"| {_f(s['sent_bytes_per_step'], '.3f', 1e-6)} "
             f"| {_f(s['wire_tx_bytes_per_step'], '.3f', 1e-6)} "
             f"| {_f(s.get('bytes_vs_gloo'), '.3f')} "
-            f"| {_f(s['codec_s_per_step'], '.0f', 1e3)} | {_f(s['final_loss'], '.3f')} "
+            f"| {_f(s['codec_s_per_step'], '.0f', 1e3)} | {_f(s['final_loss'], '.4f')} "
             f"| {_f(s['accuracy'], '.3f')} |"
         )
     return "\n".join(lines)
@@ -751,21 +784,26 @@ def _worker(argv: list[str]) -> None:
     method, steps, batch = cfg["method"], cfg["steps"], cfg["batch"]
     timed_from = cfg["timed_from"]
     torch.set_num_threads(1)
-    if method == "switchml":
-        import hostlib.torch  # noqa: F401  (registers the backend)
-    dist.init_process_group("switchml" if method == "switchml" else "gloo")
+    seed = cfg.get("seed", 0)
+    import hostlib.torch  # registers the backend; bf16's hook
+
+    if method == "switchml16":
+        os.environ["SWITCHML_VALUES16"] = "1"  # read when the group is made
+    dist.init_process_group("switchml" if method in SWITCHML_METHODS else "gloo")
     rank, w = dist.get_rank(), dist.get_world_size()
     pg = dist.group.WORLD
     ddp = nn.parallel.DistributedDataParallel(
-        training.build_model(cfg["hidden"], cfg["layers"]),
+        training.build_model(cfg["hidden"], cfg["layers"], seed),
         bucket_cap_mb=cfg["bucket_mb"],
         gradient_as_bucket_view=True,
     )
     traffic = Traffic(w)
     traffic.install()
     hook_state: HookState | None = None
-    if method == "fp16":
+    if method in ("fp16", "switchml-fp16"):
         ddp.register_comm_hook(pg, default_hooks.fp16_compress_hook)
+    elif method == "bf16":
+        ddp.register_comm_hook(pg, hostlib.torch.switchml_bf16_compress_hook)
     elif method == "powersgd":
         state = powerSGD_hook.PowerSGDState(
             process_group=pg,
@@ -781,7 +819,7 @@ def _worker(argv: list[str]) -> None:
         hook.__annotations__["return"] = torch.futures.Future[torch.Tensor]
         ddp.register_comm_hook(hook_state, hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=cfg["lr"], momentum=0.9)
-    x, y = training.task_data(steps * batch * w, seed=1)
+    x, y = training.task_data(steps * batch * w, seed=1 + 100 * seed)
     iface = os.environ.get("GLOO_SOCKET_IFNAME")
     params = sum(p.numel() for p in ddp.parameters())
     step_s, losses = [], []
@@ -806,7 +844,7 @@ def _worker(argv: list[str]) -> None:
     mach1 = training.machine_and_emulator()
     tx1 = _tx_bytes(iface)
     report: dict[str, Any] = {}
-    if method == "switchml":
+    if method in SWITCHML_METHODS:
         from swemu.protocol import wire
 
         stats = pg.switchml_stats()

@@ -545,13 +545,13 @@ def plot_speedup(data: dict[str, Any], path: Path) -> None:
 
 
 # --------------------------------------------------------------------- worker
-def build_model(hidden: int, layers: int) -> Any:
+def build_model(hidden: int, layers: int, seed: int = 0) -> Any:
     """The MLP every rank starts from: ``layers`` linear layers (DIM → hidden …
-    → CLASSES) with ReLU, initialised from seed 0 (the same weights everywhere)."""
+    → CLASSES) with ReLU, initialised from ``seed`` (the same weights everywhere)."""
     import torch
     from torch import nn
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     mods: list[nn.Module] = [nn.Linear(DIM, hidden), nn.ReLU()]
     for _ in range(layers - 2):
         mods += [nn.Linear(hidden, hidden), nn.ReLU()]

@@ -9,6 +9,8 @@ control plane. ::
                          rank=r, world_size=W) as ctx:
         y = ctx.allreduce(x)          # int32 exact, float32 by block floating point
         ctx.allreduce(x, out=x)       # in place
+        y16 = ctx.allreduce(x16)      # float16 (or bfloat16): 16 bits a value on the wire
+        y = ctx.allreduce(x, values16=True)   # float32 on the 16-bit wire too
 
     async with hostlib.aconnect(...) as actx:
         y = await actx.allreduce(x)
@@ -99,8 +101,25 @@ class Context:
         self._loop.run_until_complete(self._actx.open())
         return self
 
-    def allreduce(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    def allreduce(
+        self,
+        x: np.ndarray,
+        out: np.ndarray | None = None,
+        *,
+        values16: bool | None = None,
+        bfloat16: bool = False,
+    ) -> np.ndarray:
         """Sum ``x`` over all workers; a new array, or ``out`` (may be ``x``).
+
+        ``x`` is int32 (exact sums), float32 (block floating point,
+        docs/protocol.md §4), float16 or bfloat16 (an ml_dtypes array, or with
+        ``bfloat16=True`` a uint16/int16 array of bfloat16 bit patterns, such as a
+        torch tensor's memory); the result has ``x``'s type. float16 and bfloat16
+        travel as 16-bit values (§4.2: twice the values per packet, both ways) and
+        float32 too with ``values16=True`` (or ``connect(values16=True)``);
+        ``values16=False`` keeps a 16-bit tensor on the 32-bit wire. A switch that
+        does not offer the 16-bit format gets 32-bit values whatever is asked.
+        Every worker must make the same call (dtype, length, ``values16``).
 
         On the compiled fast path the call waits in compiled code
         (:meth:`AsyncContext.allreduce_blocking`), not in the event loop."""
@@ -108,8 +127,10 @@ class Context:
         if actx.protocol is None:
             self.open()
         if actx.can_block:
-            return actx.allreduce_blocking(x, out)
-        return self._loop.run_until_complete(actx.allreduce(x, out))
+            return actx.allreduce_blocking(x, out, values16=values16, bfloat16=bfloat16)
+        return self._loop.run_until_complete(
+            actx.allreduce(x, out, values16=values16, bfloat16=bfloat16)
+        )
 
     def close(self) -> None:
         """Leave the job (telling the controller: the last worker to leave frees
@@ -134,6 +155,12 @@ class Context:
         return self._actx.switch_address
 
     @property
+    def values16_available(self) -> bool:
+        """Whether the switch offers this job the 16-bit format (docs/protocol.md
+        §4.2); without it every call travels as 32-bit values."""
+        return self._actx.values16_available
+
+    @property
     def results(self) -> ResultPool:
         """The memory of results returned without ``out=`` (reused once the
         caller drops them; :mod:`hostlib.results`)."""
@@ -151,7 +178,8 @@ class Context:
     def last_stats(self) -> dict[str, int]:
         """Counters of the last call: ``sent`` packets, ``results``,
         ``retransmissions``, ``spurious`` (duplicate results: retransmissions
-        that were not needed), ``ignored`` datagrams and socket ``wakeups``."""
+        that were not needed), ``ignored`` datagrams, socket ``wakeups``, and
+        ``values16`` (1: the call sent 16-bit values, docs/protocol.md §4.2)."""
         return dict(self._actx.last_stats)
 
 
@@ -175,6 +203,7 @@ def connect(
     gso: bool | None = None,
     release: bool | None = None,
     worker_port: int | None = None,
+    values16: bool | None = None,
 ) -> Context:
     """Join a SwitchML job (blocking API); use as a context manager.
 
@@ -201,6 +230,10 @@ def connect(
     used when the switch says so in its reply, or, when it does not say, when
     every worker of the job has its own IP. Otherwise each worker has its own
     ephemeral port. See docs/p4app-switchml.md.
+
+    ``values16=True`` sends float32 tensors as 16-bit values too (docs/protocol.md
+    §4.2; float16 and bfloat16 ones always are, where the switch offers the format);
+    ``SWITCHML_VALUES16=1`` sets it from the environment.
     """
     return Context(_options(**_kwargs(locals())))
 
@@ -225,6 +258,7 @@ def aconnect(
     gso: bool | None = None,
     release: bool | None = None,
     worker_port: int | None = None,
+    values16: bool | None = None,
 ) -> AsyncContext:
     """The asyncio twin of :func:`connect`: ``async with hostlib.aconnect(...) as actx``."""
     return AsyncContext(_options(**_kwargs(locals())))
@@ -238,8 +272,9 @@ def switch_env_options(environ: Mapping[str, str] | None = None) -> dict[str, An
     """The switch's connection arguments from ``SWITCHML_*`` variables alone (no
     rank, world size or session id): SWITCHML_SWITCH, SWITCHML_CONTROL,
     SWITCHML_PACKET_SIZE, SWITCHML_WINDOW, SWITCHML_NO_PROGRESS,
-    SWITCHML_CONNECT_TIMEOUT, SWITCHML_JOIN_TIMEOUT and SWITCHML_RELEASE (0: leave
-    the job on the switch when closing). Unset or empty variables are left out, so
+    SWITCHML_CONNECT_TIMEOUT, SWITCHML_JOIN_TIMEOUT, SWITCHML_RELEASE (0: leave
+    the job on the switch when closing) and SWITCHML_VALUES16 (1: float32 tensors on
+    the 16-bit wire, docs/protocol.md §4.2). Unset or empty variables are left out, so
     that :func:`connect`'s defaults apply. Shared by :func:`env_options` and the
     ``switchml`` torch.distributed backend (:mod:`hostlib.torch_backend`)."""
     env = os.environ if environ is None else environ
@@ -264,6 +299,7 @@ def switch_env_options(environ: Mapping[str, str] | None = None) -> dict[str, An
         "connect_timeout": get("CONNECT_TIMEOUT", float),
         "join_timeout": get("JOIN_TIMEOUT", float),
         "release": env.get(ENV_PREFIX + "RELEASE", "1") != "0",
+        "values16": env.get(ENV_PREFIX + "VALUES16", "0").strip() not in ("", "0"),
     }
     return {k: v for k, v in out.items() if v is not None}
 

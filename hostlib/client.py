@@ -35,7 +35,13 @@ from swemu.protocol.netutil import (
 )
 from swemu.protocol.proto import switchml_pb2 as pb
 from swemu.protocol.worker import kernels as K
-from swemu.protocol.worker.protocol import Allreduce, Timing, WorkerProtocol, warmup
+from swemu.protocol.worker.protocol import (
+    Allreduce,
+    Timing,
+    WorkerProtocol,
+    dtype_name,
+    warmup,
+)
 
 from . import fastpath
 from .control import ControlClient, Membership
@@ -101,6 +107,9 @@ class Options:
     # the UDP port all workers of a job share on a switch that knows workers by IP
     # alone (p4app-switchML's worker_port); None: $SWITCHML_WORKER_PORT, else 4000
     worker_port: int | None = None
+    # float32 calls on the 16-bit wire (docs/protocol.md §4.2) unless a call says
+    # otherwise; float16 and bfloat16 tensors take it whenever the switch offers it
+    values16: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:
@@ -166,6 +175,7 @@ class AsyncContext:
         self.stale = 0  # datagrams that arrived between calls
         self._wakeups = 0  # socket reads (batches) of the running call
         self.gso_segments = 1  # packets per send message (1: no segmentation offload)
+        self._told_values16 = False  # the fallback to 32-bit values was logged
         self.last_stats: dict[str, int] = {}  # counters of the last call
         #: the memory of results returned without ``out=``, reused once dropped
         self.results = ResultPool()
@@ -283,6 +293,7 @@ class AsyncContext:
             udp_port=self._local[1],
             pool_size=o.window,
             loopback_broadcast=want_broadcast,
+            value_formats=membership.value_formats,  # a resume registers the same formats
         )
         self.protocol = WorkerProtocol(
             num_workers=o.world_size, size_code=o.packet_size, window=o.window, timing=o.timing
@@ -434,12 +445,50 @@ class AsyncContext:
     def switch_address(self) -> str:
         return f"{self._switch_ip}:{min(self._switch_ports) if self._switch_ports else 0}"
 
+    @property
+    def values16_available(self) -> bool:
+        """Whether the switch registered this job's 16-bit format (docs/protocol.md
+        §4.2): a switch without the extension answers no, and every call then goes
+        on the 32-bit wire."""
+        m = self.membership
+        return m is not None and m.value_formats == pb.VALUES_INT32_AND_BLOCK16
+
+    def wire16(self, x: np.ndarray, values16: bool | None, bfloat16: bool = False) -> bool:
+        """Whether a call of ``x`` goes on the 16-bit wire: asked for (``values16``
+        True, or None and the context's :attr:`Options.values16`, for float32), or a
+        float16/bfloat16 tensor by default; never for int32, and only where the
+        switch offers it (else the 32-bit wire, said once in the log)."""
+        dtype = dtype_name(x, bfloat16)
+        if dtype == "int32":
+            return bool(values16)  # True: the protocol refuses it (int32 sums are exact)
+        if values16 is None:
+            values16 = dtype != "float32" or self.options.values16
+        if values16 and not self.values16_available:
+            if not self._told_values16:
+                log.info(
+                    "the switch at %s did not register the 16-bit format (docs/protocol.md "
+                    "§4.2): %s values travel as 32-bit ones",
+                    self.switch_address,
+                    dtype,
+                )
+                self._told_values16 = True
+            return False
+        return bool(values16)
+
     # --------------------------------------------------------------- allreduce
-    async def allreduce(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """Sum ``x`` over all workers of the job; return the result (``out`` if given)."""
+    async def allreduce(
+        self,
+        x: np.ndarray,
+        out: np.ndarray | None = None,
+        *,
+        values16: bool | None = None,
+        bfloat16: bool = False,
+    ) -> np.ndarray:
+        """Sum ``x`` over all workers of the job; return the result (``out`` if given).
+        ``values16`` and ``bfloat16``: see :meth:`hostlib.Context.allreduce`."""
         await self.open()
         loop = self._loop
-        op, result = self._begin(x, out, loop.time())
+        op, result = self._begin(x, out, loop.time(), values16, bfloat16)
         if op.done:
             return result
         self._wakeups = 0
@@ -462,13 +511,22 @@ class AsyncContext:
         return result
 
     def _begin(
-        self, x: np.ndarray, out: np.ndarray | None, now: float
+        self,
+        x: np.ndarray,
+        out: np.ndarray | None,
+        now: float,
+        values16: bool | None = None,
+        bfloat16: bool = False,
     ) -> tuple[Allreduce, np.ndarray]:
         """Validate and start one call (both APIs): its state and its result array."""
         if self._op is not None:
             raise RuntimeError("one allreduce at a time per context")
+        if not isinstance(x, np.ndarray):
+            raise TypeError(f"allreduce takes a numpy array, got {type(x).__name__}")
+        wire16 = self.wire16(x, values16, bfloat16)
         result = self.results.empty_like(x) if out is None else out
-        return self.protocol.allreduce(x, result, now), result
+        op = self.protocol.allreduce(x, result, now, values16=wire16, bfloat16=bfloat16)
+        return op, result
 
     def _retransmit(self, op: Allreduce, now: float) -> None:
         """The timer step (both APIs): raise :class:`NoProgressError` if nothing
@@ -561,14 +619,21 @@ class AsyncContext:
         compiled fast path (``SWITCHML_POLL=0`` turns the compiled wait off)."""
         return self.fast and self._poll and self._sock is not None
 
-    def allreduce_blocking(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    def allreduce_blocking(
+        self,
+        x: np.ndarray,
+        out: np.ndarray | None = None,
+        *,
+        values16: bool | None = None,
+        bfloat16: bool = False,
+    ) -> np.ndarray:
         """:meth:`allreduce` for blocking callers (:class:`hostlib.Context`), with
         the waiting done in compiled code (:func:`hostlib.fastpath.wait_and_pump`)
         instead of the event loop: the same packets, timers and errors, without
         the interpreter's work per socket wakeup. Needs :attr:`can_block`; the
         context's event loop must not be running."""
         now = time.monotonic()
-        op, result = self._begin(x, out, now)
+        op, result = self._begin(x, out, now, values16, bfloat16)
         if op.done:
             return result
         fd = self._sock.fileno()
@@ -606,6 +671,7 @@ class AsyncContext:
         self.last_stats = {
             **{c.name.lower(): int(op.counters[c]) for c in K.Counter},
             "wakeups": self._wakeups,
+            "values16": int(op.values16),  # 1: the call was on the 16-bit wire (§4.2)
         }
 
     def _finish(self, exc: BaseException | None = None) -> None:

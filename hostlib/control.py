@@ -58,6 +58,10 @@ class Membership:
     # (instance 0: the switch does not say, so it cannot be resumed)
     instance: int = 0
     epoch: int = 0
+    # the job's value formats as the switch registered them (pb.ValueFormats):
+    # VALUES_INT32_AND_BLOCK16 lets a call send 16-bit values (docs/protocol.md §4.2);
+    # a switch without the extension answers VALUES_INT32
+    value_formats: int = pb.VALUES_INT32
 
     @classmethod
     def from_reply(cls, resp: pb.UdpSessionResponse, session_id: int) -> Membership:
@@ -72,6 +76,7 @@ class Membership:
             int(resp.worker_identity),
             int(resp.instance),
             int(resp.epoch),
+            int(resp.value_formats),
         )
 
 
@@ -231,12 +236,15 @@ class ControlClient:
         mac: int = 0,
         loopback_broadcast: bool = False,
         registered: Callable[[pb.UdpSessionResponse], None] | None = None,
+        value_formats: int = pb.VALUES_INT32_AND_BLOCK16,
     ) -> Membership:
         """Register this worker and wait for the others (steps 1–3 above).
 
         ``registered`` is called with the switch's reply as soon as this worker
         is registered, before it waits for the others (it may open a socket that
-        must be ready before any result can come)."""
+        must be ready before any result can come). ``value_formats`` asks for the
+        16-bit format beside the 32-bit one (every rank asks the same); the reply
+        says whether the switch registered it (:attr:`Membership.value_formats`)."""
         scope = session_id or 0
 
         def register(sid: int):
@@ -250,6 +258,7 @@ class ControlClient:
                 udp_port=udp_port,
                 pool_size=pool_size,
                 loopback_broadcast=loopback_broadcast,
+                value_formats=value_formats,
             )
             return self._rpc(
                 f"UdpSession(rank {rank})", self.session.UdpSession, req, timeout=timeout

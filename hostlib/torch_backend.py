@@ -11,10 +11,15 @@
 
 What goes where:
 
-- ``all_reduce`` with ``ReduceOp.SUM`` or ``AVG`` of one CPU tensor of float32 or
-  int32 goes through the switch (int32 exact, float32 by block floating point,
-  docs/protocol.md §4); float16, bfloat16 and float64 travel as float32 (a staging
-  copy), and come back in their own type. DDP's gradient buckets are such calls.
+- ``all_reduce`` with ``ReduceOp.SUM`` or ``AVG`` of one CPU tensor of float32,
+  float16, bfloat16 or int32 goes through the switch (int32 exact, float32 by block
+  floating point, docs/protocol.md §4), from the tensor's own memory: float16 and
+  bfloat16 as 16-bit values (§4.2, no float32 copy; 32-bit ones where the switch
+  does not offer the format), float32 too with ``SWITCHML_VALUES16=1``; float64
+  travels as float32 (a staging copy) and comes back as float64. DDP's gradient
+  buckets are such calls, and so are those of torch's ``fp16_compress_hook`` and
+  ``bf16_compress_hook`` registered on a DDP model of this group: 16 bits a value
+  through the switch, both ways.
 - Everything else -- broadcast, barrier, all_gather, reduce_scatter, send/recv,
   other reduce ops, other dtypes, allreduce of several tensors at once -- goes to
   a gloo process group created beside it over the same rendezvous store.
@@ -34,7 +39,7 @@ before returning, which is how the overlap is measured (``python -m bench overla
 Configuration (environment, read when a group is created): ``SWITCHML_CONTROL``
 (required), ``SWITCHML_SWITCH``, ``SWITCHML_PACKET_SIZE``, ``SWITCHML_WINDOW``,
 ``SWITCHML_NO_PROGRESS``, ``SWITCHML_CONNECT_TIMEOUT``, ``SWITCHML_JOIN_TIMEOUT``,
-``SWITCHML_RELEASE`` (see :func:`hostlib.switch_env_options`) and
+``SWITCHML_RELEASE``, ``SWITCHML_VALUES16`` (see :func:`hostlib.switch_env_options`) and
 ``SWITCHML_OVERLAP``; ``SWITCHML_SESSION_ID`` is ignored here. docs/pytorch.md
 has the table with defaults.
 
@@ -46,7 +51,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import math
 import os
 import queue
 import threading
@@ -58,8 +62,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
-from swemu.protocol import wire
 
 from . import Context, Options, _options, switch_env_options
 from .errors import SwitchMLError
@@ -76,11 +78,12 @@ log = logging.getLogger("hostlib.torch")
 
 #: the name given to ``dist.init_process_group`` and ``dist.new_group(backend=...)``
 BACKEND_NAME = "switchml"
-#: tensor types the switch reduces; the others of these travel as float32
-SWITCH_DTYPES = (torch.float32, torch.int32)
-STAGED_DTYPES = (torch.float16, torch.bfloat16, torch.float64)
+#: tensor types the switch reduces from their own memory (16-bit ones on the 16-bit
+#: wire); float64 travels as float32
+SWITCH_DTYPES = (torch.float32, torch.int32, torch.float16, torch.bfloat16)
+STAGED_DTYPES = (torch.float64,)
 #: the types whose AVG the switch computes (int32 AVG, which gloo refuses too, is delegated)
-FLOAT_DTYPES = (torch.float32, *STAGED_DTYPES)
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 #: a job of the switch thread: the call, its future, whether it runs after a failure
 _Item = tuple[Callable[[], Any], torch.futures.Future, bool]
 #: store key (below the group's own prefix) counting joins: one generation per
@@ -95,6 +98,7 @@ _ZERO_COUNTERS: dict[str, Any] = {
     "retransmissions": 0,
     "spurious": 0,
     "delegated": 0,
+    "values16": 0,
 }
 
 
@@ -222,6 +226,7 @@ class SwitchMLProcessGroup(dist.ProcessGroup):
         """What went through the switch so far: ``calls``, ``bytes`` (of the tensors
         as given), ``seconds`` the background thread spent on them, ``packets``
         (chunks plus exponent packets, each a slot the switch aggregated once),
+        ``values16`` (of the calls, those on the 16-bit wire, docs/protocol.md §4.2),
         ``retransmissions`` and ``spurious`` (of them, those whose first answer
         came anyway: a timeout that fired too early, e.g. while another rank was
         still computing), ``delegated`` (allreduces handed to gloo), and
@@ -318,8 +323,8 @@ class SwitchMLProcessGroup(dist.ProcessGroup):
         w = self.size()
         direct = tensor.dtype in SWITCH_DTYPES and tensor.is_contiguous()
         if direct:
-            arr = tensor.detach().numpy().reshape(-1)
-            ctx.allreduce(arr, out=arr)
+            arr, bf16 = tensor_memory(tensor)
+            ctx.allreduce(arr, out=arr, bfloat16=bf16)
             if average and w > 1:
                 tensor.detach().div_(w)
         else:
@@ -334,8 +339,9 @@ class SwitchMLProcessGroup(dist.ProcessGroup):
         c = self._counters
         c["calls"] += 1
         c["bytes"] += tensor.numel() * tensor.element_size()
-        c["packets"] += _packets(tensor.numel(), tensor.dtype != torch.int32, ctx.options)
         last = ctx.last_stats
+        c["packets"] += last.get("results", 0)  # one a chunk, plus the exponent window
+        c["values16"] += int(last.get("values16", 0))
         c["retransmissions"] += last.get("retransmissions", 0)
         c["spurious"] += last.get("spurious", 0)
         c["seconds"] += time.perf_counter() - start
@@ -406,11 +412,14 @@ for _name in DELEGATED:
         setattr(SwitchMLProcessGroup, _name, _delegate(_name))
 
 
-def _packets(n: int, floating: bool, o: Options) -> int:
-    """Slots the switch aggregates for one allreduce of ``n`` values: a packet per
-    chunk, plus the exponent window of a float call (docs/protocol.md §4)."""
-    chunks = math.ceil(n / wire.values_per_packet(o.packet_size))
-    return chunks + (min(o.window, chunks) if floating else 0)
+def tensor_memory(tensor: torch.Tensor) -> tuple[Any, bool]:
+    """A flat numpy view of a contiguous CPU tensor's memory for
+    :meth:`hostlib.Context.allreduce`, and whether it holds bfloat16 patterns
+    (numpy has no bfloat16: its uint16 view is sent with ``bfloat16=True``)."""
+    flat = tensor.detach().reshape(-1)
+    if flat.dtype == torch.bfloat16:
+        return flat.view(torch.int16).numpy().view("uint16"), True
+    return flat.numpy(), False
 
 
 def attempt_store(store: dist.Store, environ: Mapping[str, str] | None = None) -> dist.Store:

@@ -134,6 +134,17 @@ const bit<4> PASS_COLLECT_1_FIRST = 10;
 const bit<4> PASS_COLLECT_0_SECOND = 11;
 const bit<4> PASS_COLLECT_0_FIRST = 12;
 
+// The value formats a job registers (docs/protocol.md section 5, ValueFormats;
+// swemu.protocol.wire.ValueFormats). A 16-bit packet (byte 0's format bit, the
+// header's "unused" bit, set) carries 2N 16-bit values, two to each 32-bit word,
+// bounded by the workers so that no lane's sum carries into the next
+// (section 4.2): the value registers add its words as they add int32 values, so
+// the format costs no register, no stateful ALU and no pass. The switch's only
+// part is the format bit of a result: the triggering packet's for a job of
+// VALUE_FORMATS_INT32_AND_BLOCK16, 0 (as p4app-switchML) for the others.
+const bit<1> VALUE_FORMATS_INT32 = 0;
+const bit<1> VALUE_FORMATS_INT32_AND_BLOCK16 = 1;
+
 // What the first pass decided for the value registers (section 2 step 4),
 // carried to the consume passes of a size-code-3 packet.
 const bit<2> VALUE_OP_WRITE = 1;   // the set was released: overwrite

@@ -29,7 +29,10 @@
  * counted is the same as for size code 1.
  *
  * The result header is the triggering packet's: msg_type, size code,
- * job_number, tsi and pool_index are kept, the unused bits are cleared.
+ * job_number, tsi and pool_index are kept, bit 14 of pool_index is cleared,
+ * and so is the format bit ("unused") unless the job registered the 16-bit
+ * format (VALUE_FORMATS_INT32_AND_BLOCK16), whose results say the format of
+ * the packet that triggered them (docs/protocol.md section 4.2).
  */
 
 #ifndef _NEXT_STEP_P4_
@@ -57,7 +60,6 @@ control NextStep(
         hdr.switchml_md.ingress_port = ig_intr_md.ingress_port;
         hdr.switchml_md.mgid = ig_md.mgid;
         hdr.switchml_md.pool_index = index;
-        hdr.switchml.unused = 0;
         hdr.switchml.pool_index_unused = 0;
         ig_tm_md.ucast_egress_port = ig_intr_md.ingress_port[8:7] ++ RECIRCULATION_PORT_IN_PIPE;
         ig_tm_md.bypass_egress = 1;
@@ -145,6 +147,9 @@ control NextStep(
 
     apply {
         next_step.apply();
+        if (ig_md.value_formats == VALUE_FORMATS_INT32) {
+            hdr.switchml.unused = 0;   // as p4app-switchML: 0 in results
+        }
     }
 }
 

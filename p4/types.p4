@@ -39,6 +39,7 @@ typedef bit<16> pool_index_t;
 typedef bit<3>  action_code_t;      // ACTION_* of configuration.p4
 typedef bit<4>  pass_type_t;        // PASS_* of configuration.p4
 typedef bit<2>  value_op_t;         // VALUE_OP_* of configuration.p4
+typedef bit<1>  value_formats_t;    // VALUE_FORMATS_* of configuration.p4
 typedef bit<COUNTER_INDEX_BITS> counter_index_t;
 
 /* ---------------------------------------------------------------------------
@@ -120,9 +121,12 @@ header udp_h {
 // docs/protocol.md section 1, bit for bit (checked against swemu.protocol.wire by
 // tests/test_p4_headers.py). Byte 0 is msg_type | unused | size; bytes 6-7
 // are the pool_index: set (bit 15) | 0 (bit 14) | slot (bits 13..0).
+// "unused" is the format bit of the 16-bit values (extension, section 4.2):
+// the value words are added alike in both formats, and a result carries it
+// only for a job registered with VALUE_FORMATS_INT32_AND_BLOCK16 (NextStep).
 header switchml_h {
     msg_type_t   msg_type;           // 1
-    bit<1>       unused;             // ignored on input, sent as 0
+    bit<1>       unused;             // the format bit: echoed by 16-bit jobs, else 0 out
     size_code_t  size;               // payload size code: N = 32 << size
     job_number_t job_number;
     tsi_t        tsi;
@@ -181,6 +185,7 @@ struct ingress_metadata_t {
     num_workers_t   num_workers;
     count_t         count_start;      // num_workers - 1: missing after the first packet
     size_code_t     size_code;        // the size code the job registered
+    value_formats_t value_formats;    // the value formats the job registered (section 5)
     slot_index_t    pool_base;        // the job's first slot entry
     pool_size_t     pool_size;        // the job's P
     MulticastGroupId_t mgid;

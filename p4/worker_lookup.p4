@@ -36,7 +36,8 @@ control WorkerLookup(
             size_code_t size_code,
             slot_index_t pool_base,
             pool_size_t pool_size,
-            MulticastGroupId_t mgid) {
+            MulticastGroupId_t mgid,
+            value_formats_t value_formats) {
         ig_md.job_id = job_id;
         ig_md.worker_id = worker_id;
         ig_md.worker_bit = worker_bit;
@@ -45,6 +46,7 @@ control WorkerLookup(
         ig_md.pool_base = pool_base;
         ig_md.pool_size = pool_size;
         ig_md.mgid = mgid;
+        ig_md.value_formats = value_formats;
     }
 
     action unknown_source() {

@@ -175,6 +175,7 @@ class Registration:
     udp_port: int
     size_code: int
     pool_size: int
+    value_formats: int = 0  # ValueFormats (docs/protocol.md §5; 1: the 16-bit format too)
 
 
 @dataclass
@@ -200,6 +201,7 @@ def initial_registrations(vector: dict[str, Any]) -> list[Registration]:
                     worker["udp_port"],
                     job["size_code"],
                     job["pool_size"],
+                    job.get("value_formats", 0),
                 )
             )
     return regs
@@ -216,6 +218,7 @@ def step_registration(step: dict[str, Any]) -> Registration:
         r["udp_port"],
         r["size_code"],
         r["pool_size"],
+        r.get("value_formats", 0),
     )
 
 
@@ -266,6 +269,7 @@ def register_on_engine(engine: Any, reg: Registration) -> None:
         udp_port=reg.udp_port,
         packet_size=reg.size_code,
         pool_size=reg.pool_size,
+        value_formats=reg.value_formats,
     )
 
 

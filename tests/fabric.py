@@ -45,6 +45,7 @@ class Fabric:
         faults: Faults | None = None,
         seed: int = 0,
         timing: Timing | None = None,
+        value_formats: int = 1,
     ) -> None:
         self.w = num_workers
         self.faults = faults or Faults()
@@ -62,6 +63,7 @@ class Fabric:
                 udp_port=port,
                 packet_size=size_code,
                 pool_size=window,
+                value_formats=value_formats,
             )
         # the workers are told how late the network may deliver (see Timing.reorder_guard)
         self.timing = timing or Timing(
@@ -96,12 +98,18 @@ class Fabric:
         inputs: list[np.ndarray],
         max_time: float = 600.0,
         outs: list[np.ndarray] | None = None,
+        values16: bool = False,
+        bfloat16: bool = False,
     ) -> list[np.ndarray]:
         """Run one allreduce of ``inputs`` (one per worker) to completion, into
-        ``outs`` if given."""
+        ``outs`` if given (``values16``: on the 16-bit wire, docs/protocol.md §4.2;
+        ``bfloat16``: uint16 inputs hold bfloat16 patterns)."""
         outs_in = outs or [None] * len(inputs)
-        ops = [p.allreduce(x, o, self.now) for p, x, o in zip(self.protos, inputs, outs_in)]
-        outs = [op.of if op.is_float else op.oi for op in ops]
+        ops = [
+            p.allreduce(x, o, self.now, values16=values16, bfloat16=bfloat16)
+            for p, x, o in zip(self.protos, inputs, outs_in)
+        ]
+        outs = [op.out for op in ops]
         for r, op in enumerate(ops):
             for pkt in op.packets(op.initial(self.now)):
                 self._post(bytes(pkt), "up", r)
@@ -134,7 +142,7 @@ class Fabric:
                     self._post(bytes(s), "up", r_timer)
             if self.now > max_time:
                 raise TimeoutError(f"allreduce did not finish in {max_time} s of virtual time")
-        return [o.reshape(x.shape) for o, x in zip(outs, inputs)]
+        return [o.view(x.dtype).reshape(x.shape) for o, x in zip(outs, inputs)]
 
 
 class RestartFabric(Fabric):

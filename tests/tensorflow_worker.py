@@ -21,7 +21,8 @@ import numpy as np
 import tensorflow as tf
 
 import hostlib.tensorflow as hvd
-from hostlib.quant import error_bound
+from hostlib.quant import error_bound, error_bound16, simulate_allreduce16
+from swemu.protocol import wire
 
 OUT = Path(sys.argv[1])
 RANK = int(os.environ["RANK"])
@@ -64,12 +65,14 @@ report.update(
 # count the switch calls (each fused call is one), by wrapping the job's runner
 job = hvd.ops._job
 switch_calls: list[int] = []
+switch_dtypes: list[str] = []
 _run = job.run
 
 
 def counting_run(fn, *args):
     if fn == job.ctx.allreduce:
         switch_calls.append(args[0].size)
+        switch_dtypes.append(args[0].dtype.name)
     return _run(fn, *args)
 
 
@@ -131,24 +134,44 @@ report["int32"] = {
     "digest": digest(i_sum),
 }
 
-# float16 and float64 travel as float32 and come back in their own type; one
-# fused call of three types
+# float16 goes as 16-bit values (docs/protocol.md §4.2), float64 as float32, each
+# back in its own type; one grouped call of three types: a switch call per wire type
 half = tf.constant(mine[:100], tf.float16)
 double = tf.constant(mine[:100].astype(np.float64))
 mark = len(switch_calls)
 g = hvd.grouped_allreduce([half, tf.constant(ints[2:50]), double], op=hvd.Sum)
 grouped_calls = calls_since(mark)
-exact16 = sum(inputs(r)[0][:100].astype(np.float16).astype(np.float64) for r in range(W))
+halves = [inputs(r)[0][:100].astype(np.float16) for r in range(W)]
+exact16 = sum(h.astype(np.float64) for h in halves)
+M16 = max(float(np.abs(h.astype(np.float64)).max()) for h in halves)
 report["grouped"] = {
     "dtypes": [t.dtype.name for t in g],
-    "switch_calls": grouped_calls,  # one float32 call for float16 + float64, one int32
+    "switch_calls": grouped_calls,  # float32 (the float64), float16, int32
+    "switch_dtypes": sorted(switch_dtypes[mark:]),
     "int32_exact": bool(np.array_equal(g[1].numpy(), exact_int[2:50].astype(np.int32))),
-    # float16: the bound, plus the rounding of the result to float16 (2^-11)
+    # float16: the 16-bit format's bound for a float16 result
     "float16_excess": float(
-        np.abs(g[0].numpy() - exact16).max()
-        / (error_bound(M, W) + 2.0**-11 * np.abs(exact16).max())
+        np.abs(g[0].numpy() - exact16).max() / error_bound16(M16, W, "float16")
     ),
     "float64_excess": float(np.abs(g[2].numpy() - exact[:100]).max() / bound),
+}
+
+# Horovod's compression=hvd.Compression.fp16: float32 tensors rounded to float16,
+# summed as 16-bit values (the numpy twin's result, bit for bit), back to float32;
+# and a bfloat16 tensor, as 16-bit values too
+nvals16 = wire.values16_per_packet(job.ctx.options.packet_size)
+mark = len(switch_calls)
+c16 = hvd.allreduce(tf.constant(mine), op=hvd.Sum, compression=hvd.Compression.fp16)
+twin16 = simulate_allreduce16([inputs(r)[0].astype(np.float16) for r in range(W)], nvals16)
+bf = hvd.allreduce(tf.constant(mine, tf.bfloat16), op=hvd.Sum).numpy()
+bf_inputs = [tf.constant(inputs(r)[0], tf.bfloat16).numpy().view(np.uint16) for r in range(W)]
+twin_bf = simulate_allreduce16(bf_inputs, nvals16, bfloat16=True)
+report["compression_fp16"] = {
+    "dtype": c16.dtype.name,
+    "twin": bool(np.array_equal(c16.numpy(), twin16.astype(np.float32))),
+    "switch_dtypes": switch_dtypes[mark:],
+    "bfloat16_dtype": str(bf.dtype),
+    "bfloat16_twin": bool(np.array_equal(bf.view(np.uint16), twin_bf)),
 }
 try:
     hvd.allreduce(tf.constant([1, 2], tf.int64))

@@ -195,10 +195,24 @@ def test_quick_run_all_methods(tmp_path):
     packet = 10 + 4 * 2048  # size code 6 on the emulator
     chunks = math.ceil(params / 2048)
     assert sw["packets"] == timed * (chunks + min(63, chunks))  # + the exponent window
+
     # every packet once, plus the retransmissions, averaged over the ranks (sw is
     # rank 0's: a loaded machine makes ranks retransmit differently)
-    resent = sent["switchml"] * timed / packet - sw["packets"]
-    assert resent >= 0 and resent * w == pytest.approx(round(resent * w), abs=1e-6)
+    def resent(method: str, packets: int) -> float:
+        extra = sent[method] * timed / packet - packets
+        assert extra >= 0 and extra * w == pytest.approx(round(extra * w), abs=1e-6), method
+        return extra
+
+    resent("switchml", sw["packets"])
+    # 16 bits a value (docs/protocol.md §4.2): twice the values a packet, every call
+    # a 16-bit one, from float32 buckets (SWITCHML_VALUES16) or fp16's float16 ones
+    chunks16 = math.ceil(params / 4096)
+    for m in ("switchml16", "switchml-fp16"):
+        s16 = rows[m]["switch"]
+        assert s16["values16"] == s16["calls"] == timed, m
+        assert s16["packets"] == timed * (chunks16 + min(63, chunks16)), m
+        resent(m, s16["packets"])
+    assert sent["bf16"] == pytest.approx(sent["gloo"] / 2)
     assert rows["qsgd"]["codec_s_per_step"] > 0 and rows["topk"]["codec_s_per_step"] > 0
     table = (tmp_path / "compression.md").read_text()
     assert all(f"| {m} |" in table for m in bc.METHODS)

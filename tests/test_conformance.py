@@ -53,6 +53,7 @@ REQUIRED = {
     "drop_wrong_size_code",
     "drop_slot_range",
     "unused_bits_ignored",
+    "format_bit_block16",  # 16-bit format (§4.2): words added, format bit echoed
     # size code 3, the other size the Tofino program aggregates (four passes there)
     "size_code_3_write_add_multicast",  # write, add, multicast, unicast over 256 values
     "size_code_3_released_set_and_checks",  # released set written; checks at code 3
@@ -202,12 +203,16 @@ def test_build_packet_unused_bits() -> None:
 
 
 def test_expected_outputs_are_well_formed() -> None:
-    """Every expected result is a valid packet of the job's size code, with the unused
-    bits clear: the vectors cannot expect something §1 forbids the switch to send."""
+    """Every expected result is a valid packet of the job's size code, with bit 14 of
+    pool_index clear and the format bit clear unless a job of the vector registered
+    the 16-bit format (§4.2): the vectors cannot expect something §1 forbids the
+    switch to send."""
     for v in VECTORS:
         codes = {j["size_code"] for j in v["jobs"]}
+        block16 = any(j.get("value_formats", 0) for j in v["jobs"])
         for step in v["steps"]:
             for to, data in expected_outputs(step) if "expect" in step else []:
                 pkt = wire.decode(data)
                 assert pkt.size_code in codes, (v["file"], to)
-                assert data[0] & 0x08 == 0 and data[6] & 0x40 == 0, (v["file"], to)
+                assert data[6] & 0x40 == 0, (v["file"], to)
+                assert block16 or data[0] & wire.FORMAT_BIT == 0, (v["file"], to)

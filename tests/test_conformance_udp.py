@@ -168,9 +168,11 @@ async def _register(stub: Any, net: LoopbackNet, reg: Any) -> None:
             udp_port=udp_port,
             packet_size=reg.size_code,
             pool_size=reg.pool_size,
+            value_formats=reg.value_formats,
         )
     )
     assert resp.session_id == reg.session_id
+    assert resp.value_formats == reg.value_formats
 
 
 async def run_vector_over_udp(vector: dict[str, Any], *, tap: bool) -> list[StepResult]:

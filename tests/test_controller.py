@@ -148,7 +148,7 @@ async def test_grpc_registration_writes_the_tables_and_traffic_aggregates(peers)
                 "data_ports": [emu.data_address[1]],
             },
             "drop_simulation": {"ingress": 0.0, "egress": 0.0},
-            "jobs": {42: {"num_workers": 3, "size_code": 1, "pool_size": 4}},
+            "jobs": {42: {"num_workers": 3, "size_code": 1, "pool_size": 4, "value_formats": 0}},
             "workers": [
                 {"ipv4": h, "udp_port": port, "session_id": 42, "worker_id": w, "num_workers": 3}
                 for h, port, w in sorted(
@@ -279,9 +279,9 @@ def test_one_sequence_gives_the_same_tables_on_both_targets():
         assert tables(emu) == tables(tof), f"after step {i}: {op}"
     state = tables(tof)
     assert state["jobs"] == {
-        1: {"num_workers": 2, "size_code": 1, "pool_size": 32},
-        3: {"num_workers": 1, "size_code": 1, "pool_size": 4},
-        4: {"num_workers": 2, "size_code": 1, "pool_size": 8},
+        1: {"num_workers": 2, "size_code": 1, "pool_size": 32, "value_formats": 0},
+        3: {"num_workers": 1, "size_code": 1, "pool_size": 4, "value_formats": 0},
+        4: {"num_workers": 2, "size_code": 1, "pool_size": 8, "value_formats": 0},
     }
     assert worker_rows(tof) == [
         ("10.0.0.1", 5001, 1, 0),
@@ -313,6 +313,7 @@ def set_worker(job_id: int, rank: int, pool_base: int, pool_size: int) -> dict[s
         "pool_base": pool_base,
         "pool_size": pool_size,
         "mgid": job_id,
+        "value_formats": 0,
     }
 
 
@@ -441,7 +442,9 @@ def test_session_rules(make):
     assert tables(c) == before
     # rank 0 again replaces the session: new parameters, the other ranks are gone
     reg(c, 1, 0, 3, "10.0.0.1:1", pool=4)
-    assert tables(c)["jobs"] == {1: {"num_workers": 3, "size_code": 1, "pool_size": 4}}
+    assert tables(c)["jobs"] == {
+        1: {"num_workers": 3, "size_code": 1, "pool_size": 4, "value_formats": 0}
+    }
     assert worker_rows(c) == [("10.0.0.1", 1, 1, 0)]
     assert c.owner_of(ip("10.0.0.2"), 2) is None
     # the old parameters are refused now, the new ones accepted
@@ -629,6 +632,7 @@ def test_recorder_refuses_what_the_p4_program_does_not_have():
         pool_base=0,
         pool_size=1,
         mgid=1,
+        value_formats=0,
     )
     with pytest.raises(BfrtError, match="data"):
         t.make_data([gc.DataTuple(n, v) for n, v in fields.items() if n != "mgid"], bt.SET_WORKER)

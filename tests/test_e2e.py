@@ -133,7 +133,7 @@ def test_unreachable_switch_names_the_address(emulator):
 
 def test_bad_dtype_and_shape(emulator):
     with hostlib.connect(emulator.switch, emulator.control) as c:
-        with pytest.raises(TypeError, match="int32 and float32"):
+        with pytest.raises(TypeError, match="int32, float32, float16 and bfloat16"):
             c.allreduce(np.ones(3, np.float64))
         with pytest.raises(TypeError, match="numpy array"):
             c.allreduce([1, 2, 3])

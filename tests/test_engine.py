@@ -28,7 +28,11 @@ JOBS = [
     (11, 3, 0, 4, [(LOCALHOST, 1000), (LOCALHOST, 1001), (0x7F000002, 0)]),
     (22, 1, 0, 2, [(LOCALHOST, 2000)]),
     (33, 2, 1, 3, [(0x0A000001, 3000), (0x0A000001, 3001)]),
+    (44, 2, 0, 3, [(0x0A000002, 4000), (0x0A000002, 4001)]),
 ]
+# the jobs registered for the 16-bit format beside the 32-bit one (docs/protocol.md
+# §4.2): their results echo the triggering packet's format bit
+VALUE_FORMATS = {44: 1}
 SOURCES = [addr for *_, ws in JOBS for addr in ws] + [
     (0x7F000002, 4444),  # matches the IP-only worker
     (LOCALHOST, 9999),  # unknown
@@ -36,9 +40,10 @@ SOURCES = [addr for *_, ws in JOBS for addr in ws] + [
 
 
 def build_pair() -> tuple[SwitchEngine, ReferenceSwitch]:
-    eng, ref = SwitchEngine(EngineConfig(pool_size=8, max_jobs=4)), ReferenceSwitch()
+    eng, ref = SwitchEngine(EngineConfig(pool_size=8, max_jobs=5)), ReferenceSwitch()
     for sid, w, code, pool, workers in JOBS:
-        ref.add_job(sid, w, code, pool)
+        formats = VALUE_FORMATS.get(sid, 0)
+        ref.add_job(sid, w, code, pool, formats)
         for rank, (ip, port) in enumerate(workers):
             eng.register(
                 session_id=sid,
@@ -48,6 +53,7 @@ def build_pair() -> tuple[SwitchEngine, ReferenceSwitch]:
                 udp_port=port,
                 packet_size=code,
                 pool_size=pool,
+                value_formats=formats,
             )
             ref.add_worker(sid, rank, ip, port)
     return eng, ref
@@ -78,7 +84,7 @@ def datagrams(draw: st.DrawFn) -> tuple[bytes, tuple[int, int]]:
         )
     )
     if draw(st.booleans()):
-        data[0] |= 0x08  # the unused bit is ignored on input
+        data[0] |= 0x08  # the format bit: ignored on input, echoed by a 16-bit job
     if draw(st.booleans()):
         data[6] |= 0x40  # and so is bit 14 of pool_index
     if kind == "badtype":

@@ -90,6 +90,7 @@ def test_controller_tables_and_keys_are_writable() -> None:
         "pool_base",
         "pool_size",
         "mgid",
+        "value_formats",
     }
     for register in (bt.WORKER_BITMAP, bt.COUNT):
         assert SCHEMA[register].kind == "register"

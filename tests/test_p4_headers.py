@@ -353,6 +353,43 @@ def test_constants_mirror_swemu_wire() -> None:
     assert supported == set(wire.HARDWARE_SIZE_CODES) == {1, 3}
 
 
+def test_value_formats_mirror_swemu_wire() -> None:
+    """VALUE_FORMATS_* are swemu.protocol.wire.ValueFormats, and set_worker carries the
+    job's (the control plane writes UdpSession's value_formats there)."""
+    assert P4.value("VALUE_FORMATS_INT32") == wire.ValueFormats.INT32
+    assert P4.value("VALUE_FORMATS_INT32_AND_BLOCK16") == wire.ValueFormats.INT32_AND_BLOCK16
+    assert P4.width_and_sign("value_formats_t") == (1, False)
+    assert "ig_md.value_formats = value_formats;" in P4.action_body("set_worker")
+
+
+@pytest.mark.parametrize("formats", [0, 1])
+@pytest.mark.parametrize("bit", [0, 1])
+def test_result_format_bit_is_the_engines(formats: int, bit: int) -> None:
+    """The result's format bit (the header's ``unused``), as NextStep leaves it: the
+    triggering packet's for a job of the 16-bit format, 0 otherwise, as the engine
+    writes it (docs/protocol.md §4.2). recirculate keeps the packet's bit; NextStep's
+    apply block clears it for VALUE_FORMATS_INT32 jobs after the table."""
+    from swemu.core.engine import EngineConfig, SwitchEngine
+
+    assert "hdr.switchml.unused" not in P4.action_body("recirculate")
+    apply = _block(_block(P4.text, r"\bcontrol\s+NextStep\b"), r"\bapply\s*")
+    clear = re.search(
+        r"if\s*\(ig_md\.value_formats == (\w+)\)\s*\{\s*hdr\.switchml\.unused = 0;", apply
+    )
+    assert clear and apply.index("next_step.apply()") < clear.start()
+    p4_bit = 0 if formats == P4.value(clear.group(1)) else bit
+
+    eng = SwitchEngine(EngineConfig(pool_size=4))
+    eng.register(
+        session_id=1, rank=0, num_workers=1, ipv4=1, udp_port=2, pool_size=4, value_formats=formats
+    )
+    data = bytearray(wire.encode(size_code=1, job_number=0, tsi=0, set=0, slot=0, values=[0] * 64))
+    data[0] |= bit << 3
+    action, out = eng.receive_datagram(bytes(data), (1, 2))
+    assert action == Action.MULTICAST
+    assert (out[0][0][0] >> 3) & 1 == p4_bit == (bit & formats)
+
+
 def test_types_fit_the_constants() -> None:
     """Bitmaps have a bit per worker, ids address every worker, indices every entry."""
     assert P4.width_and_sign("worker_bitmap_t") == (P4.value("MAX_WORKERS"), False)

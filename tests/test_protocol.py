@@ -200,7 +200,7 @@ def test_dead_peer_raises_no_progress_naming_the_chunk():
 
 def test_input_validation():
     proto = WorkerProtocol(num_workers=2)
-    with pytest.raises(TypeError, match="int32 and float32"):
+    with pytest.raises(TypeError, match="int32, float32, float16 and bfloat16"):
         proto.allreduce(np.zeros(4, np.float64), None, 0.0)
     with pytest.raises(ValueError, match="C-contiguous"):
         proto.allreduce(np.zeros((4, 4), np.int32)[:, 1], None, 0.0)

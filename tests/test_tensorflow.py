@@ -103,9 +103,21 @@ def test_grouped_allreduce_keeps_each_tensors_type(ranks):
         g = r["grouped"]
         assert g["dtypes"] == ["float16", "int32", "float64"]
         assert g["int32_exact"]
-        assert g["switch_calls"] == 2  # fused: float32 (float16, float64), int32
+        assert g["switch_calls"] == 3  # one a wire type: float32 (float64), float16, int32
+        assert g["switch_dtypes"] == ["float16", "float32", "int32"]
         assert g["float16_excess"] <= 1.0 and g["float64_excess"] <= 1.0, g
         assert "int32" in r["int64_error"] and "int64" in r["int64_error"]
+
+
+def test_horovod_fp16_compression_sends_16_bit_values(ranks):
+    """compression=hvd.Compression.fp16: one switch call of float16 values (16 bits
+    a value on the wire, docs/protocol.md §4.2), the twin's sum, back in float32;
+    a bfloat16 tensor likewise."""
+    for r in ranks:
+        c = r["compression_fp16"]
+        assert c["dtype"] == "float32" and c["twin"], c
+        assert c["switch_dtypes"] == ["float16", "bfloat16"], c
+        assert c["bfloat16_dtype"] == "bfloat16" and c["bfloat16_twin"], c
 
 
 def test_broadcast_is_bit_exact(ranks):

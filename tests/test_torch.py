@@ -20,7 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from hostlib.pytest_plugin import run_workers  # noqa: E402
-from hostlib.quant import error_bound  # noqa: E402
+from hostlib.quant import error_bound, error_bound16  # noqa: E402
 from swemu.launch import EmulatorProcess, Watched, child_env, run  # noqa: E402
 from swemu.protocol import wire  # noqa: E402
 
@@ -111,12 +111,13 @@ def test_hook_matches_gloo_within_the_quantization_bound(hook_results):
     )
 
 
-@pytest.mark.parametrize("dtype, unit", [("float16", 2.0**-11), ("bfloat16", 2.0**-8)])
-def test_half_precision_buckets_round_trip(hook_results, dtype, unit):
-    """fp16/bf16 buckets go through the hook as float32 and come back in their own
-    type: each value is within the float32 bound of the exact average plus one
-    rounding to the half type (``unit``·|avg|, and 2^-25 for fp16 subnormals)."""
-    w, nvals = 2, wire.values_per_packet(PACKET_SIZE)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_buckets_round_trip(hook_results, dtype):
+    """fp16/bf16 buckets go through the hook from their own memory as 16-bit values
+    (docs/protocol.md §4.2) and come back in their own type: each value is within
+    the 16-bit format's bound for that type, halved with the average (plus half a
+    float16 subnormal step for the division)."""
+    w, nvals = 2, wire.values16_per_packet(PACKET_SIZE)
     res = hook_results[0][dtype]
     assert res["grad_dtype"] == f"torch.{dtype}"
     assert res["stats"]["bytes"] == 2 * sum(e["input"].size for e in res["switchml"])
@@ -126,7 +127,7 @@ def test_half_precision_buckets_round_trip(hook_results, dtype, unit):
         m = _chunk_max(inputs, nvals)
         exact = (inputs[0].astype(np.float64) + inputs[1]) / w
         h = sw[0][b]["output"]
-        tol = error_bound(m, w) / w + unit * (np.abs(exact) + error_bound(m, w)) + 2.0**-25
+        tol = error_bound16(m, w, dtype) / w + 2.0**-25
         assert np.all(np.abs(h - exact) <= tol)
         assert np.count_nonzero(h) > 0.9 * h.size
         # the result is representable in the half type (it was converted back)
@@ -165,6 +166,33 @@ def test_allreduce_tensor_staging_paths(emulator):
         assert float((d - base).abs().max()) <= tol
         with pytest.raises(TypeError, match="floating"):
             allreduce_tensor_(ctx, torch.ones(3, dtype=torch.int32))
+
+
+def test_allreduce_tensor_16_bit_paths(emulator):
+    """float32 with values16, float16 and bfloat16 tensors: from their own memory onto
+    the 16-bit wire (docs/protocol.md §4.2), the twin's result, in place."""
+    import hostlib
+    from hostlib.quant import bfloat16_bits, simulate_allreduce16
+    from hostlib.torch import allreduce_tensor_
+
+    x = (torch.linspace(-3, 3, 5000) ** 3).contiguous()
+    nvals = wire.values16_per_packet(0)
+    with hostlib.connect(emulator.switch, emulator.control, world_size=1, packet_size=0) as ctx:
+        t = x.clone()
+        allreduce_tensor_(ctx, t, values16=True)
+        assert ctx.last_stats["values16"] == 1
+        np.testing.assert_array_equal(t.numpy(), simulate_allreduce16([x.numpy()], nvals))
+        h = x.half()
+        allreduce_tensor_(ctx, h, average=False)
+        assert h.dtype == torch.float16 and ctx.last_stats["values16"] == 1
+        want = simulate_allreduce16([x.half().numpy()], nvals)
+        np.testing.assert_array_equal(h.numpy(), want)
+        b = x.bfloat16()
+        allreduce_tensor_(ctx, b)
+        bits = x.bfloat16().view(torch.int16).numpy().view(np.uint16)
+        want = simulate_allreduce16([bits], nvals, bfloat16=True)
+        np.testing.assert_array_equal(b.view(torch.int16).numpy().view(np.uint16), want)
+        np.testing.assert_array_equal(bits, bfloat16_bits(x.bfloat16().float().numpy()))
 
 
 def _free_port() -> int:

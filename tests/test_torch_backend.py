@@ -134,11 +134,36 @@ def test_float32_is_within_the_protocol_bound(run):
         assert len({r["float32"][key]["digest"] for r in run["ranks"]}) == 1, key
 
 
-def test_other_types_travel_as_float32(run):
+def test_half_precision_tensors_travel_as_16_bit_values(run):
+    """float16 and bfloat16 tensors go from their own memory onto the 16-bit wire
+    (docs/protocol.md §4.2): the twin's result bit for bit, the same on every rank."""
+    for dtype in ("float16", "bfloat16"):
+        for r in run["ranks"]:
+            d = r["direct16"][dtype]
+            assert d["dtype"] == f"torch.{dtype}" and d["twin"] and d["avg"], (dtype, d)
+            assert d["values16_calls"] == 2  # SUM and AVG
+        assert len({r["direct16"][dtype]["digest"] for r in run["ranks"]}) == 1
+
+
+def test_torchs_compress_hooks_go_through_the_switch_at_16_bits(run):
+    """DDP with torch's fp16_compress_hook, and hostlib.torch's fp16/bf16 twins, on a
+    switchml group: every bucket's allreduce is a 16-bit call through the switch,
+    replicas identical."""
+    for r in run["ranks"]:
+        for name in ("fp16", "fp16_hostlib", "bf16"):
+            h = r["hooks16"][name]
+            assert h["identical"] and h["switch_calls"] >= 3, (name, h)
+            assert h["values16_calls"] == h["switch_calls"], (name, h)
+
+
+def test_switchml_values16_puts_float32_on_the_16_bit_wire(run):
+    for r in run["ranks"]:
+        assert r["float32_values16"] == {"twin": True, "values16_calls": 1}
+
+
+def test_float64_travels_as_float32(run):
     for r in run["ranks"]:
         s = r["staged"]
-        assert s["float16"]["dtype"] == "torch.float16" and s["float16"]["rel"] <= 2.0**-10
-        assert s["bfloat16"]["dtype"] == "torch.bfloat16" and s["bfloat16"]["rel"] <= 2.0**-7
         # multiples of 1/64 below 2^24/64: exact through float32
         assert s["float64"]["dtype"] == "torch.float64" and s["float64"]["rel"] == 0.0
         assert s["int32_transposed"]["exact"]
@@ -185,7 +210,8 @@ def test_ddp_without_a_hook_keeps_identical_replicas(run):
 def test_the_emulator_aggregated_every_packet(run):
     """The switch's count of aggregated packets is exactly what the ranks sent:
     per call a packet per chunk (plus the exponent window of float calls) from
-    each of the W workers; and destroy_process_group released both jobs."""
+    each of the W workers; and destroy_process_group released the three jobs (the
+    world, the sub-group, the SWITCHML_VALUES16 group)."""
     r0 = run["ranks"][0]
     emu = r0["emulator"]
     assert emu["world_workers"] == W
@@ -195,7 +221,7 @@ def test_the_emulator_aggregated_every_packet(run):
     assert emu["sub_aggregated"] == 2 * r0["subgroup"]["packets"]
     after = run["after"]
     assert after["jobs"] == []
-    assert after["released"]["explicit"] == 2
+    assert after["released"]["explicit"] == 3
 
 
 def test_torchrun_restarts_the_group_after_a_rank_dies(tmp_path):

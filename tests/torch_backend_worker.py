@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-import hostlib.torch  # noqa: F401  (registers the backend)
-from hostlib.quant import error_bound
+import hostlib.torch  # registers the backend; its hooks are used below
+from hostlib.quant import error_bound, simulate_allreduce16
 from hostlib.torch_backend import SwitchMLProcessGroup
 from swemu.protocol import wire
 
@@ -44,7 +44,10 @@ ELASTIC_STEPS, ELASTIC_DIES_AT = 10, 5
 
 
 def _digest(t: torch.Tensor) -> str:
-    return hashlib.sha256(t.detach().contiguous().numpy().tobytes()).hexdigest()[:16]
+    t = t.detach().contiguous()
+    if t.dtype == torch.bfloat16:  # numpy has no bfloat16: its bytes
+        t = t.view(torch.int16)
+    return hashlib.sha256(t.numpy().tobytes()).hexdigest()[:16]
 
 
 def _ints(rank: int, n: int, seed: int) -> torch.Tensor:
@@ -112,9 +115,36 @@ def checks(out: dict, rank: int, size: int) -> None:
             }
     out["float32"] = floats
 
-    # float16, bfloat16, float64: as float32, back in their own type
+    # float16 and bfloat16: 16-bit values from their own memory (docs/protocol.md
+    # §4.2), bit for bit the numpy twin's result, SUM and AVG
+    nvals16 = wire.values16_per_packet(world.context.options.packet_size)
+    direct16 = {}
+    for dtype in (torch.float16, torch.bfloat16):
+        calls16 = world.switchml_stats()["values16"]
+        inputs = [_floats(r, 30011, 4).clamp(-6e4, 6e4).to(dtype) for r in range(size)]
+        t = inputs[rank].clone()
+        dist.all_reduce(t)
+        if dtype == torch.float16:
+            want = simulate_allreduce16([x.numpy() for x in inputs], nvals16)
+            got = t.numpy()
+        else:
+            patterns = [x.view(torch.int16).numpy().view(np.uint16) for x in inputs]
+            want = simulate_allreduce16(patterns, nvals16, bfloat16=True)
+            got = t.view(torch.int16).numpy().view(np.uint16)
+        avg = inputs[rank].clone()
+        dist.all_reduce(avg, op=dist.ReduceOp.AVG)
+        direct16[str(dtype).removeprefix("torch.")] = {
+            "dtype": str(t.dtype),
+            "twin": bool(np.array_equal(got.view(np.uint16), want.view(np.uint16))),
+            "avg": bool(torch.equal(avg, (t / size).to(dtype))),
+            "values16_calls": world.switchml_stats()["values16"] - calls16,
+            "digest": _digest(t),
+        }
+    out["direct16"] = direct16
+
+    # float64: as float32, back in its own type
     staged = {}
-    for dtype in (torch.float16, torch.bfloat16, torch.float64):
+    for dtype in (torch.float64,):
         t = (torch.arange(1001, dtype=torch.float32) * (rank + 1) / 64).to(dtype)
         dist.all_reduce(t)
         exact = torch.arange(1001, dtype=torch.float64) * sum(range(1, size + 1)) / 64
@@ -234,21 +264,51 @@ def checks(out: dict, rank: int, size: int) -> None:
         nn.Linear(40, 300), nn.Tanh(), nn.Linear(300, 300), nn.Tanh(), nn.Linear(300, 8)
     )
     ddp = nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.1)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     calls0 = world.switchml_stats()["calls"]
     g = torch.Generator().manual_seed(rank)
-    for _ in range(4):
-        x, y = torch.randn(16, 40, generator=g), torch.randint(0, 8, (16,), generator=g)
-        opt.zero_grad()
-        nn.functional.cross_entropy(ddp(x), y).backward()
-        opt.step()
-    flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
-    replicas = [torch.zeros_like(flat) for _ in range(size)]
-    dist.all_gather(replicas, flat)
+    flat, identical = _train(ddp, 4, g, size)
     out["ddp"] = {
-        "identical": all(torch.equal(r, flat) for r in replicas),
+        "identical": identical,
         "switch_calls": world.switchml_stats()["calls"] - calls0,
         "moved": float((flat - torch.cat([p.detach().reshape(-1) for p in _fresh()])).abs().max()),
+    }
+
+    # torch's own fp16_compress_hook, and hostlib.torch's twin of its bf16 one (DDP
+    # refuses torch's by name without NCCL): their float16/bfloat16 buckets go
+    # through the switch as 16-bit values
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    hooks = {}
+    for name, hook in (
+        ("fp16", default_hooks.fp16_compress_hook),
+        ("fp16_hostlib", hostlib.torch.switchml_fp16_compress_hook),
+        ("bf16", hostlib.torch.switchml_bf16_compress_hook),
+    ):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(40, 300), nn.Tanh(), nn.Linear(300, 8))
+        ddp = nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.1)
+        ddp.register_comm_hook(world, hook)
+        before = world.switchml_stats()
+        _, identical = _train(ddp, 3, g, size)
+        after = world.switchml_stats()
+        hooks[name] = {
+            "identical": identical,
+            "switch_calls": after["calls"] - before["calls"],
+            "values16_calls": after["values16"] - before["values16"],
+        }
+    out["hooks16"] = hooks
+
+    # SWITCHML_VALUES16=1 (read when a group is made): float32 on the 16-bit wire too
+    os.environ["SWITCHML_VALUES16"] = "1"
+    g16 = dist.new_group(list(range(size)), backend="switchml")
+    del os.environ["SWITCHML_VALUES16"]
+    inputs = [_floats(r, 30011, 5) for r in range(size)]
+    t = inputs[rank].clone()
+    dist.all_reduce(t, group=g16)
+    want = simulate_allreduce16([x.numpy() for x in inputs], nvals16)
+    out["float32_values16"] = {
+        "twin": bool(np.array_equal(t.numpy(), want)),
+        "values16_calls": g16.switchml_stats()["values16"],
     }
 
     # the emulator's view: every call of the world group was aggregated there
@@ -306,6 +366,21 @@ def _small_net() -> nn.Module:
 
 def _flat(net: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in net.parameters()]).clone()
+
+
+def _train(ddp, steps: int, g: torch.Generator, size: int) -> tuple[torch.Tensor, bool]:
+    """``steps`` SGD steps of ``ddp`` on random batches; its flat parameters after,
+    and whether every rank holds the same (all_gather through gloo)."""
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    for _ in range(steps):
+        x, y = torch.randn(16, 40, generator=g), torch.randint(0, 8, (16,), generator=g)
+        opt.zero_grad()
+        nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+    flat = torch.cat([p.detach().reshape(-1) for p in ddp.module.parameters()])
+    replicas = [torch.zeros_like(flat) for _ in range(size)]
+    dist.all_gather(replicas, flat)
+    return flat, all(torch.equal(r, flat) for r in replicas)
 
 
 def _fresh():

@@ -198,3 +198,33 @@ def fabric_loop(rank, world, control, session_id, iters, n, dtype, progress, out
             out.put((session_id, rank, restart_loop(ctx, iters, n, dtype, progress)))
     except BaseException:
         out.put((session_id, rank, traceback.format_exc()))
+
+
+def half_input(rank: int, n: int) -> np.ndarray:
+    """:func:`rank_input`'s float32 values scaled into float16's range."""
+    return rank_input(rank, n, 0, np.float32) * np.float32(2.0**-10)
+
+
+def values16_calls(ctx: hostlib.Context, n: int) -> dict:
+    """The 16-bit wire (docs/protocol.md §4.2): a float16 tensor by default, float32
+    asked for, bfloat16 bit patterns, and float16 kept on the 32-bit wire; each with
+    what the worker sent (packets)."""
+    from swemu.protocol.worker.quant import bfloat16_bits
+
+    x = half_input(ctx.rank, n)
+    out: dict = {"available": ctx.values16_available}
+    out["float16"] = ctx.allreduce(x.astype(np.float16))
+    out["float16_sent"] = ctx.last_stats["sent"]
+    out["float32"] = ctx.allreduce(x, values16=True)
+    out["float32_sent"] = ctx.last_stats["sent"]
+    out["bfloat16"] = ctx.allreduce(bfloat16_bits(x), bfloat16=True)
+    out["float16_on_32"] = ctx.allreduce(x.astype(np.float16), values16=False)
+    out["float16_on_32_sent"] = ctx.last_stats["sent"]
+    out["int32"] = ctx.allreduce(np.arange(n, dtype=np.int32))  # exact, in the same job
+    return out
+
+
+def float16_once(ctx: hostlib.Context, n: int) -> int:
+    """One float16 allreduce of ``n`` values; the session id (to read its counters)."""
+    ctx.allreduce(np.full(n, 0.5, np.float16))
+    return ctx.session_id

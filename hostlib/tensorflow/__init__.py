@@ -18,12 +18,15 @@ background thread that makes the switch calls in the order they were submitted.
 Every collective is a SwitchML sum:
 
 - ``allreduce``: float32 through the switch's block floating point
-  (docs/protocol.md §4); float16, bfloat16 and float64 travel as float32 and come
-  back in their own type; int32 is exact (sums wrap as the switch's registers do).
+  (docs/protocol.md §4); float16 and bfloat16 as 16-bit values (§4.2: half the
+  bytes, both ways, from the tensors' own type), so Horovod's
+  ``compression=hvd.Compression.fp16`` halves what goes over the wire; float64
+  travels as float32 and comes back as float64; int32 is exact (sums wrap as the
+  switch's registers do).
   ``Average`` divides the sum by the job's size (integers: truncated toward zero).
 - The tensors of one call (``grouped_allreduce``, a tape's or an optimizer's
   gradients, ``broadcast_variables``) are flattened and concatenated into one
-  switch call per wire type, then split again.
+  switch call per wire type (float32, float16, bfloat16, int32), then split again.
 - ``broadcast``: the root sends the raw bytes of its tensors as int32 words, every
   other rank zeros; the sum is the root's bytes, bit for bit, whatever the dtype.
 

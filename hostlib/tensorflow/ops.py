@@ -48,8 +48,12 @@ _OPS = (Average, Sum)
 #: AutoGraph leaves these as they are: their Python control flow is over static
 #: facts (dtypes, the list of tensors), never over tensor values
 _not_autograph = tf.autograph.experimental.do_not_convert
-#: floating types reduced as float32 on the wire
+#: floating types the switch reduces
 _FLOATS = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+#: the type of the switch call each tensor type joins: float64 goes as float32,
+#: float16 and bfloat16 as themselves (16-bit values, docs/protocol.md §4.2)
+_WIRE = {tf.float64: tf.float32, tf.float32: tf.float32, tf.float16: tf.float16}
+_WIRE.update({tf.bfloat16: tf.bfloat16, tf.int32: tf.int32})
 
 
 class NotInitializedError(SwitchMLError, ValueError):
@@ -208,9 +212,9 @@ class _NoneCompressor:
 
 
 class _FP16Compressor:
-    """Rounds floating tensors to float16 before the allreduce (as Horovod's
-    fp16 compression does; the switch still carries 32-bit words, so it changes
-    the numbers, not the bytes on the wire)."""
+    """Rounds floating tensors to float16 before the allreduce (as Horovod's fp16
+    compression does): the switch then carries them as 16-bit values
+    (docs/protocol.md §4.2), half the bytes of float32 both ways."""
 
     @staticmethod
     def compress(tensor: tf.Tensor) -> tuple[tf.Tensor, Any]:
@@ -233,25 +237,31 @@ class Compression:
 # ------------------------------------------------------------- the switch side
 
 
+def _scaled(x: np.ndarray, factor: float) -> np.ndarray:
+    """``x · factor`` in ``x``'s floating type (computed in float32, rounded once)."""
+    return (x.astype(np.float32) * np.float32(factor)).astype(x.dtype)
+
+
 def _sum_on_switch(
     flat: np.ndarray, average: bool, prescale: float, postscale: float
 ) -> np.ndarray:
-    """One switch allreduce of a flat float32 or int32 array (a new array). The
-    job is looked up when the call runs, not when a ``tf.function`` was traced,
-    so that a traced function run after ``shutdown()`` fails with a clear error."""
+    """One switch allreduce of a flat float32, float16, bfloat16 or int32 array (a
+    new array; the 16-bit types as 16-bit values). The job is looked up when the
+    call runs, not when a ``tf.function`` was traced, so that a traced function
+    run after ``shutdown()`` fails with a clear error."""
     job = _require()
     x = np.ascontiguousarray(flat)
     if x.size == 0:
         return x.copy()
-    floating = x.dtype == np.float32
+    floating = x.dtype != np.int32
     if floating and prescale != 1.0:
-        x = x * np.float32(prescale)
+        x = _scaled(x, prescale)
     total = job.run(job.ctx.allreduce, x)
     if floating:
         if average and job.size > 1:
-            total /= np.float32(job.size)
+            total = _scaled(total, 1.0 / job.size)
         if postscale != 1.0:
-            total *= np.float32(postscale)
+            total = _scaled(total, postscale)
         return total
     if average and job.size > 1:
         # int32 sums are exact in float64: truncate toward zero, as an integer division
@@ -330,7 +340,8 @@ def _grouped(
     postscale_factor: float = 1.0,
     name: str | None = None,
 ) -> list[tf.Tensor]:
-    """Allreduce ``tensors`` with one switch call per wire type (float32, int32)."""
+    """Allreduce ``tensors`` with one switch call per wire type (float32, float16,
+    bfloat16, int32)."""
     _require()  # fail now, not when the graph runs
     _check_graph("allreduce")
     # IndexedSlices (an embedding's sparse gradient) become dense tensors here
@@ -345,8 +356,8 @@ def _grouped(
             )
     average = op == Average
     results: list[tf.Tensor | None] = [None] * len(values)
-    for wire in (tf.float32, tf.int32):
-        idx = [i for i, t in enumerate(values) if (t.dtype == tf.int32) == (wire == tf.int32)]
+    for wire in (tf.float32, tf.float16, tf.bfloat16, tf.int32):
+        idx = [i for i, t in enumerate(values) if _WIRE[t.dtype] == wire]
         if not idx:
             continue
         parts = [tf.reshape(tf.cast(values[i], wire), [-1]) for i in idx]
@@ -381,9 +392,10 @@ def allreduce(
 ) -> tf.Tensor:
     """The sum (``op=hvd.Sum``) or average (``hvd.Average``, the default) of
     ``tensor`` over all ranks. Every rank must make the same calls with tensors
-    of the same shape and dtype, in the same order. float16, bfloat16, float32 and
-    float64 are reduced as float32 (block floating point, docs/protocol.md §4);
-    int32 exactly. NaN or Inf in a floating tensor raises on the rank that has it
+    of the same shape and dtype, in the same order. float32 and float64 are reduced
+    as float32 (block floating point, docs/protocol.md §4), float16 and bfloat16 as
+    16-bit values (§4.2; ``compression=hvd.Compression.fp16`` sends float32 ones
+    that way too); int32 exactly. NaN or Inf in a floating tensor raises on the rank that has it
     (the others then fail after SWITCHML_NO_PROGRESS seconds). ``device_*`` are
     accepted and ignored (CPU only); ``IndexedSlices`` are reduced dense."""
     return _grouped(
@@ -407,8 +419,8 @@ def grouped_allreduce(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
 ) -> list[tf.Tensor]:
-    """:func:`allreduce` of every tensor of ``tensors``, fused: one switch call
-    for the floating ones, one for the int32 ones."""
+    """:func:`allreduce` of every tensor of ``tensors``, fused: one switch call per
+    wire type (float32 and float64; float16; bfloat16; int32)."""
     return _grouped(
         list(tensors),
         _op_of(op, average),

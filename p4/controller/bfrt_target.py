@@ -33,6 +33,7 @@ from swemu.core.controller import (
     BITMAP_WORKERS,
     INVALID_ARGUMENT,
     RESOURCE_EXHAUSTED,
+    VALUE_FORMATS,
     DropSimulation,
     JobParams,
     RegistrationError,
@@ -145,6 +146,9 @@ class TofinoTarget:
             max_pool_size=NUM_POOL_SLOTS,
             default_pool_size=default_pool_size,
             size_codes=frozenset(SIZE_CODES),
+            # the 16-bit format is two lanes per 32-bit register word (docs/protocol.md
+            # section 4.2): set_worker's value_formats, echoed by NextStep
+            value_formats=frozenset(VALUE_FORMATS),
         )
         if clear:
             self.clear()
@@ -377,6 +381,7 @@ class TofinoTarget:
                     pool_base=handle.pool_base,
                     pool_size=p.pool_size,
                     mgid=handle.mgid,
+                    value_formats=p.value_formats,
                 )
             ],
         )

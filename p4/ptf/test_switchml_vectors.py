@@ -82,6 +82,7 @@ class Registrations:
                 "num_workers": reg.num_workers,
                 "size_code": reg.size_code,
                 "pool_size": reg.pool_size,
+                "value_formats": reg.value_formats,
                 "pool_base": self.next_pool_base,
                 "workers": {},
             }
@@ -207,6 +208,7 @@ class SwitchMLVectors(BaseTest):
                         gc.DataTuple("pool_base", job["pool_base"]),
                         gc.DataTuple("pool_size", job["pool_size"]),
                         gc.DataTuple("mgid", job_id),
+                        gc.DataTuple("value_formats", job["value_formats"]),
                     ],
                     "Ingress.worker_lookup.set_worker",
                 )

@@ -57,6 +57,9 @@ RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
 
 #: Size codes docs/protocol.md §1 defines (a request above is refused whatever the target).
 SIZE_CODES = range(8)
+#: Value formats docs/protocol.md §5 defines (``ValueFormats``): 0, p4app-switchML's
+#: 32-bit values; 1, the 16-bit format beside them (extension, §4.2).
+VALUE_FORMATS = range(2)
 #: Bits of the worker bitmap: the most workers any SwitchML job can have.
 BITMAP_WORKERS = 32
 
@@ -113,6 +116,9 @@ class JobParams:
     num_workers: int
     size_code: int
     pool_size: int
+    # ValueFormats: 1 = the job's packets may carry 16-bit values (docs/protocol.md
+    # §4.2), and its results echo the format bit of the packet that triggered them
+    value_formats: int = 0
 
 
 @dataclass(frozen=True)
@@ -143,6 +149,7 @@ class TargetLimits:
     size_codes: frozenset[int]
     emulator_size_code: int | None = None
     evict_after: float | None = None
+    value_formats: frozenset[int] = frozenset({0})  # ValueFormats the target echoes
 
 
 @dataclass
@@ -253,7 +260,12 @@ def table_state(
         },
         "drop_simulation": {"ingress": drops.ingress, "egress": drops.egress},
         "jobs": {
-            sid: {"num_workers": p.num_workers, "size_code": p.size_code, "pool_size": p.pool_size}
+            sid: {
+                "num_workers": p.num_workers,
+                "size_code": p.size_code,
+                "pool_size": p.pool_size,
+                "value_formats": p.value_formats,
+            }
             for sid, p in sorted(jobs.items())
         },
         "workers": [
@@ -332,11 +344,12 @@ class SessionController:
         mac: int = 0,
         now: float = 0.0,
         loopback_broadcast: bool = False,
+        value_formats: int = 0,
     ) -> Session:
         """Register worker ``rank`` of a session (UdpSession); raise RegistrationError.
 
         Rank 0 replaces the session (its registrations and slot state go) and fixes
-        num_workers, packet_size and pool_size; other ranks must match them. A rank
+        num_workers, packet_size, pool_size and value_formats; other ranks must match them. A rank
         registering again replaces its address; an address registered again leaves
         whichever worker of whichever job held it.
         """
@@ -350,6 +363,7 @@ class SessionController:
             pool_size=pool_size,
             mac=mac,
             loopback_broadcast=loopback_broadcast,
+            value_formats=value_formats,
         )
         return self._register(params, rank, worker, now)
 
@@ -365,6 +379,7 @@ class SessionController:
         pool_size: int,
         mac: int,
         loopback_broadcast: bool,
+        value_formats: int = 0,
     ) -> tuple[JobParams, WorkerAddress]:
         """A registration's own checks (none against other sessions): its job's
         parameters and the worker's address, or RegistrationError."""
@@ -378,6 +393,14 @@ class SessionController:
             codes = ", ".join(map(str, sorted(limits.size_codes)))
             raise RegistrationError(
                 bad, f"packet_size {packet_size} is not supported by this switch (it has: {codes})"
+            )
+        if value_formats not in VALUE_FORMATS:
+            raise RegistrationError(
+                bad, f"value_formats {value_formats} is not a ValueFormats value 0..1"
+            )
+        if value_formats not in limits.value_formats:
+            raise RegistrationError(
+                bad, f"value_formats {value_formats} is not supported by this switch"
             )
         if not 1 <= num_workers <= limits.max_workers:
             raise RegistrationError(
@@ -398,7 +421,11 @@ class SessionController:
                 f"{limits.max_pool_size}",
             )
         params = JobParams(
-            session_id, num_workers, packet_size, pool_size or limits.default_pool_size
+            session_id,
+            num_workers,
+            packet_size,
+            pool_size or limits.default_pool_size,
+            value_formats,
         )
         return params, WorkerAddress(ipv4, udp_port, mac, bool(loopback_broadcast))
 
@@ -424,9 +451,9 @@ class SessionController:
             raise RegistrationError(
                 bad,
                 f"rank {rank} asks for num_workers={num_workers}, packet_size={packet_size}, "
-                f"pool_size={params.pool_size} but rank 0 registered "
-                f"num_workers={have.num_workers}, packet_size={have.size_code}, "
-                f"pool_size={have.pool_size}",
+                f"pool_size={params.pool_size}, value_formats={params.value_formats} but rank 0 "
+                f"registered num_workers={have.num_workers}, packet_size={have.size_code}, "
+                f"pool_size={have.pool_size}, value_formats={have.value_formats}",
             )
         refusal = self.target.check_worker(worker)
         if refusal is not None:

@@ -52,6 +52,7 @@ from swemu.core.controller import (
     BITMAP_WORKERS,
     RESOURCE_EXHAUSTED,
     SIZE_CODES,
+    VALUE_FORMATS,
     DropSimulation,
     JobParams,
     SessionController,
@@ -176,6 +177,7 @@ class Job:
     workers: dict[int, tuple[int, int]] = field(default_factory=dict)  # rank -> (ip, port)
     macs: dict[int, int] = field(default_factory=dict)  # rank -> MAC (kept for the model only)
     slots: int | None = None
+    value_formats: int = 0  # ValueFormats: 1 = results echo the format bit
     # loopback broadcast (see SwitchEngine.broadcast): the port this job's results
     # may go to, the socket that holds it, and the ranks that take results there
     broadcast_port: int = 0
@@ -302,6 +304,10 @@ class SwitchEngine:
         self.job_workers = np.zeros(mj, np.int32)
         self.job_pool = np.zeros(mj, np.int32)
         self.job_code = np.full(mj, -1, np.int32)
+        # the job's ValueFormats (docs/protocol.md §4.2): 1 = its results echo the
+        # format bit of the packet that triggered them; 0 = the bit is ignored on
+        # input and 0 in results, as p4app-switchML
+        self.job_formats = np.zeros(mj, np.int32)
         self.job_last_seen = np.zeros(mj, np.float64)
         self.dst_ip = np.zeros((mj, MAX_WORKERS), np.uint32)
         self.dst_port = np.full((mj, MAX_WORKERS), -1, np.int32)
@@ -384,6 +390,7 @@ class SwitchEngine:
         packet_size: int = 1,
         pool_size: int = 0,
         now: float = 0.0,
+        value_formats: int = 0,
     ) -> Job:
         """Register worker ``rank`` of a session (docs/protocol.md §5 UdpSession) through
         :attr:`controller`; return the engine's job. Raises :class:`RegistrationError`.
@@ -400,6 +407,7 @@ class SwitchEngine:
             packet_size=packet_size,
             pool_size=pool_size,
             now=now,
+            value_formats=value_formats,
         )
         return session.handle
 
@@ -492,8 +500,11 @@ class SwitchEngine:
         """The kernels' ``up`` argument: :attr:`uplinks` on a child switch, else None."""
         return self.uplinks if self.is_child else None
 
-    def create_job(self, session_id: int, w: int, code: int, pool: int, now: float) -> Job:
-        """Take a free job entry and give it a fresh pool of ``pool`` slots (no workers)."""
+    def create_job(
+        self, session_id: int, w: int, code: int, pool: int, now: float, formats: int = 0
+    ) -> Job:
+        """Take a free job entry and give it a fresh pool of ``pool`` slots (no
+        workers); ``formats`` is the job's ValueFormats (docs/protocol.md §5)."""
         if session_id in self.jobs:
             raise ValueError(f"session {session_id} already has a job; drop it first")
         j = self._free.pop()
@@ -503,6 +514,7 @@ class SwitchEngine:
         self.job_workers[j] = w
         self.job_pool[j] = pool
         self.job_code[j] = code
+        self.job_formats[j] = formats
         self.job_last_seen[j] = now
         self.dst_ip[j] = 0
         self.dst_port[j] = -1
@@ -510,7 +522,7 @@ class SwitchEngine:
         self.fault_counters[j] = 0
         self.faults[j] = self.fault_defaults  # the switch-wide fault settings
         self.worker_counters[j] = 0
-        job = Job(session_id, j, w, code, pool, now, slots=held)
+        job = Job(session_id, j, w, code, pool, now, slots=held, value_formats=formats)
         if self.broadcast_ports is not None:
             used = {jb.broadcast_port for jb in self.jobs.values()} | set(self._recent_bcast)
             job.broadcast_holder, job.broadcast_port = self.broadcast_ports(used)
@@ -540,6 +552,7 @@ class SwitchEngine:
         self.job_workers[j] = 0
         self.job_pool[j] = 0
         self.job_code[j] = -1
+        self.job_formats[j] = 0
         self.dst_port[j] = -1
         del self.jobs[job.session_id]
         self.generation += 1
@@ -754,6 +767,7 @@ def emulator_limits(cfg: EngineConfig) -> TargetLimits:
         size_codes=frozenset(SIZE_CODES),
         emulator_size_code=EMULATOR_SIZE_CODE,
         evict_after=cfg.evict_after,
+        value_formats=frozenset(VALUE_FORMATS),
     )
 
 
@@ -820,7 +834,7 @@ class EmulatorTarget:
 
     def create_job(self, job: JobParams, *, now: float) -> Job:
         return self.engine.create_job(
-            job.session_id, job.num_workers, job.size_code, job.pool_size, now
+            job.session_id, job.num_workers, job.size_code, job.pool_size, now, job.value_formats
         )
 
     def delete_job(self, handle: Job, *, why: str) -> None:
@@ -863,6 +877,7 @@ class EmulatorTarget:
                 int(eng.job_workers[j]),
                 int(eng.job_code[j]),
                 int(eng.job_pool[j]),
+                int(eng.job_formats[j]),
             )
             for j, job in by_index.items()
         }

@@ -35,10 +35,12 @@ from swemu.protocol.header import (
     pool_slot,
     read_e0,
     read_e1,
+    read_format,
     read_msg_type,
     read_pool_index,
     read_size_code,
     read_tsi,
+    set_format,
     write_header,
 )
 from swemu.protocol.jit import kernel
@@ -293,16 +295,12 @@ def process_batch(pk, n, now, sw, row_addr, up):
         # (a child switch's partial aggregate going up has the same form)
         plen = HEADER_LEN + 4 * nvals
         out_at = out_addr + r * out_stride
-        write_header(
-            bytes_at(out_at, HEADER_LEN),
-            code,
-            row[1],
-            read_tsi(row),
-            s,
-            slot,
-            ex[2 * k],
-            ex[2 * k + 1],
-        )
+        out_row = bytes_at(out_at, HEADER_LEN)
+        write_header(out_row, code, row[1], read_tsi(row), s, slot, ex[2 * k], ex[2 * k + 1])
+        if sw.job_formats[j] != 0:
+            # a job registered for the 16-bit format (§4.2): the result says the
+            # format of the packet that triggered it; otherwise the bit stays 0
+            set_format(out_row, read_format(row))
         write_words(words_at(out_at + HEADER_LEN, nvals), acc)
         out_len[r] = plen
         if retrans:

@@ -32,6 +32,7 @@ class RefJob:
     num_workers: int
     size_code: int
     pool_size: int
+    value_formats: int = 0  # 1: results echo the triggering packet's format bit (§4.2)
     workers: dict[int, tuple[int, int]] = field(default_factory=dict)  # rank -> (ip, port)
     slots: dict[tuple[int, int], _Slot] = field(default_factory=dict)  # (set, slot)
     # a child switch's job (docs/protocol.md §7): where partial aggregates go up, and
@@ -56,9 +57,16 @@ class ReferenceSwitch:
         self.jobs: dict[int, RefJob] = {}
         self.addresses: dict[tuple[int, int], tuple[int, int]] = {}  # addr -> (session, rank)
 
-    def add_job(self, session_id: int, num_workers: int, size_code: int, pool_size: int) -> None:
+    def add_job(
+        self,
+        session_id: int,
+        num_workers: int,
+        size_code: int,
+        pool_size: int,
+        value_formats: int = 0,
+    ) -> None:
         self.remove_job(session_id)
-        self.jobs[session_id] = RefJob(num_workers, size_code, pool_size)
+        self.jobs[session_id] = RefJob(num_workers, size_code, pool_size, value_formats)
 
     def remove_job(self, session_id: int) -> None:
         if session_id in self.jobs:
@@ -133,16 +141,23 @@ class ReferenceSwitch:
             here.count != 0 or (pending_up is not None and pending_up[0] == pkt.set)
         ):
             return Action.RETRANSMIT_PENDING, []
-        result = wire.encode(
-            size_code=job.size_code,
-            job_number=pkt.job_number,
-            tsi=pkt.tsi,
-            set=pkt.set,
-            slot=pkt.slot,
-            e0=here.e0,
-            e1=here.e1,
-            values=np.array(here.values, dtype=np.int32),
+        result = bytearray(
+            wire.encode(
+                size_code=job.size_code,
+                job_number=pkt.job_number,
+                tsi=pkt.tsi,
+                set=pkt.set,
+                slot=pkt.slot,
+                e0=here.e0,
+                e1=here.e1,
+                values=np.array(here.values, dtype=np.int32),
+            )
         )
+        # §4.2: the switch adds the payload as 32-bit words in either format; a
+        # job registered for the 16-bit format echoes the packet's format bit
+        if pkt.format and job.value_formats:
+            result[0] |= wire.FORMAT_BIT
+        result = bytes(result)
         if retransmission:
             return Action.UNICAST, [(result, src)]
         if job.parent is not None:  # the partial aggregate goes up (no reorder guard here)

@@ -184,6 +184,8 @@ class SwitchState(NamedTuple):
     job_pool: np.ndarray
     #: int32[J]: its size code (-1: a free entry)
     job_code: np.ndarray
+    #: int32[J]: its ValueFormats: 1 = results echo the packet's format bit (0: cleared)
+    job_formats: np.ndarray
     #: float64[J]: when a packet of the job last arrived (the idle release's clock)
     job_last_seen: np.ndarray
     #: int64[J, PoolArray]: where the job's pool is

@@ -10,7 +10,7 @@ entry is compiled until plain Python calls them, as the kernel-body tests do).
 
 Layout (docs/protocol.md §1)::
 
-    byte 0   msg_type (4 bits) | unused (1 bit) | size code (3 bits)
+    byte 0   msg_type (4 bits) | format (1 bit) | size code (3 bits)
     byte 1   job_number
     byte 2-5 tsi (uint32, big-endian)
     byte 6-7 pool_index: set (bit 15) | 0 (bit 14) | slot (bits 13..0)
@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from .jit import kernel
-from .wire import MSG_TYPE, SLOT_MASK
+from .wire import FORMAT_BIT, MSG_TYPE, SLOT_MASK
 
 _SET_SHIFT = 15  # bit 15 of pool_index (wire.SET_BIT)
 
@@ -40,6 +40,13 @@ def read_msg_type(row):
 def read_size_code(row):
     """The 3-bit size code: the packet holds ``32 << code`` values."""
     return np.int64(row[0] & 7)
+
+
+@kernel(inline=True)
+def read_format(row):
+    """Byte 0's format bit (extension, docs/protocol.md §4.2): 1 when the
+    payload holds 16-bit values; p4app-switchML's unused bit, 0 in its packets."""
+    return np.int64((row[0] & FORMAT_BIT) >> 3)
 
 
 @kernel(inline=True)
@@ -85,8 +92,14 @@ def read_e1(row):
 
 @kernel(inline=True)
 def type_size_byte(code):
-    """Byte 0 of a packet of size ``code``: msg_type 1, the unused bit clear."""
+    """Byte 0 of a packet of size ``code``: msg_type 1, the format bit clear."""
     return np.uint8((MSG_TYPE << 4) | (code & 7))
+
+
+@kernel(inline=True)
+def set_format(row, fmt):
+    """Set byte 0's format bit to ``fmt`` (0 or 1) in a header already written."""
+    row[0] = np.uint8((row[0] & ~FORMAT_BIT) | ((fmt & 1) << 3))
 
 
 @kernel(inline=True)

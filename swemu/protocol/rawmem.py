@@ -15,7 +15,8 @@ Numba compiles as a separate library for every array type it is used with
 worker, for the same machine code once inlined).
 
 :func:`bswap32` (network <-> host order of a payload word) lives here too: the
-emulator's kernels and the host library's both inline it.
+emulator's kernels and the host library's both inline it; :func:`bswap16` is the
+same for the 16-bit values of docs/protocol.md §4.2.
 """
 
 from __future__ import annotations
@@ -69,6 +70,13 @@ def words_at(addr, n):
     """``n`` uint32 words (native order, any alignment x86/arm64 accept) at byte
     address ``addr``, as an array that does not own or count its memory."""
     return _vector_at(addr, n, np.uint32)
+
+
+@kernel(inline=True)
+def halves_at(addr, n):
+    """``n`` uint16 (native order) at byte address ``addr``, as an array that does
+    not own or count its memory: the payload of a 16-bit packet (docs/protocol.md §4.2)."""
+    return _vector_at(addr, n, np.uint16)
 
 
 @kernel(inline=True)
@@ -178,3 +186,10 @@ def bswap32(u):
         )
         & np.uint32(0xFFFFFFFF)  # Numba computes in 64 bits
     )
+
+
+@kernel(inline=True)
+def bswap16(u):
+    """Network <-> host order of a uint16 (a 16-bit value of docs/protocol.md §4.2)."""
+    u = np.uint16(u)
+    return np.uint16(((u >> np.uint16(8)) | (u << np.uint16(8))) & np.uint16(0xFFFF))

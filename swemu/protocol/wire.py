@@ -2,13 +2,18 @@
 
 A SwitchML datagram is a 10-byte header followed by N big-endian int32 values::
 
-    byte 0   msg_type (4 bits) | unused (1 bit) | size code (3 bits)
+    byte 0   msg_type (4 bits) | format (1 bit) | size code (3 bits)
     byte 1   job_number
     byte 2-5 tsi (uint32)
     byte 6-7 pool_index: set (bit 15) | 0 (bit 14) | slot (bits 13..0)
     byte 8   e0 (int8)
     byte 9   e1 (int8)
     10..     N x int32, N = 32 << size
+
+The format bit (p4app-switchML's unused bit, 0 in its packets) is this
+project's extension (docs/protocol.md §1, §4.2): set, the same 4N bytes carry
+2N big-endian 16-bit values, two to a 32-bit word, which the switch adds as
+the words they are.
 
 Single packets are handled by :func:`encode` / :func:`decode`; whole batches by
 numpy structured views over a 2-D ``uint8`` buffer (one datagram per row), so
@@ -41,6 +46,18 @@ EXP_TSI_BASE = 1 << 31  # tsi of exponent-only packets (docs/protocol.md §4)
 
 SET_BIT = 1 << 15
 SLOT_MASK = MAX_SLOTS - 1
+#: byte 0's bit 3 (p4app-switchML's unused bit): the packet's values are 16-bit
+#: (extension, docs/protocol.md §4.2); echoed in results of jobs registered for it
+FORMAT_BIT = 0x08
+
+
+class ValueFormats(IntEnum):
+    """What a job registers as its value formats (UdpSession ``value_formats``,
+    docs/protocol.md §5): p4app-switchML's 32-bit values only, or the 16-bit
+    format beside them, said per packet by :data:`FORMAT_BIT`."""
+
+    INT32 = 0
+    INT32_AND_BLOCK16 = 1
 
 
 class SizeCode(IntEnum):
@@ -81,6 +98,8 @@ assert HEADER_DTYPE.itemsize == HEADER_LEN
 
 #: Payload values on the wire.
 VALUE_DTYPE = np.dtype(">i4")
+#: Payload values of a 16-bit packet (offset binary, docs/protocol.md §4.2).
+VALUE16_DTYPE = np.dtype(">u2")
 
 
 class PacketError(ValueError):
@@ -92,6 +111,12 @@ def values_per_packet(size_code: int) -> int:
     if not 0 <= size_code <= 7:
         raise ValueError(f"size code must be in 0..7, got {size_code}")
     return 32 << size_code
+
+
+def values16_per_packet(size_code: int) -> int:
+    """Number of 16-bit values 2N carried by a 16-bit packet of ``size_code``
+    (the same 4N bytes as a 32-bit one)."""
+    return 2 * values_per_packet(size_code)
 
 
 def packet_len(size_code: int) -> int:
@@ -110,7 +135,9 @@ def split_pool_index(pi: int) -> tuple[int, int]:
 
 
 class Packet(NamedTuple):
-    """One decoded SwitchML packet; ``values`` is a native-endian int32 array."""
+    """One decoded SwitchML packet; ``values`` is a native-endian int32 array
+    (the words the switch adds, whatever the format); ``format`` is byte 0's
+    format bit (1: the words hold 16-bit values, :attr:`values16`)."""
 
     size_code: int
     job_number: int
@@ -120,10 +147,16 @@ class Packet(NamedTuple):
     e0: int
     e1: int
     values: np.ndarray
+    format: int = 0
 
     @property
     def pool_index(self) -> int:
         return pool_index(self.set, self.slot)
+
+    @property
+    def values16(self) -> np.ndarray:
+        """The payload as 2N unsigned 16-bit values (the 16-bit format's view)."""
+        return self.values.astype(VALUE_DTYPE).view(VALUE16_DTYPE).astype(np.uint16)
 
 
 def encode(
@@ -136,12 +169,17 @@ def encode(
     values: np.ndarray,
     e0: int = 0,
     e1: int = 0,
+    values16: bool = False,
 ) -> bytes:
-    """Encode one packet. ``values`` must hold exactly ``32 << size_code`` ints."""
-    n = values_per_packet(size_code)
+    """Encode one packet. ``values`` must hold exactly ``32 << size_code`` ints,
+    or with ``values16`` (the 16-bit format: byte 0's format bit set)
+    ``64 << size_code`` values of 0..65535."""
+    n = values16_per_packet(size_code) if values16 else values_per_packet(size_code)
     vals = np.asarray(values)
     if vals.shape != (n,):
         raise ValueError(f"size code {size_code} carries {n} values, got shape {vals.shape}")
+    if values16 and (vals.min(initial=0) < 0 or vals.max(initial=0) > 0xFFFF):
+        raise ValueError("16-bit values must be in 0..65535")
     if not 0 <= job_number <= 0xFF or not 0 <= tsi <= 0xFFFFFFFF:
         raise ValueError("job_number must fit 8 bits and tsi 32 bits")
     if not 0 <= slot < MAX_SLOTS or set not in (0, 1):
@@ -149,13 +187,13 @@ def encode(
     if not -128 <= e0 <= 127 or not -128 <= e1 <= 127:
         raise ValueError("exponents are signed 8-bit")
     hdr = np.zeros(1, HEADER_DTYPE)
-    hdr["type_size"] = (MSG_TYPE << 4) | size_code
+    hdr["type_size"] = (MSG_TYPE << 4) | (FORMAT_BIT if values16 else 0) | size_code
     hdr["job_number"] = job_number
     hdr["tsi"] = tsi
     hdr["pool_index"] = pool_index(set, slot)
     hdr["e0"] = e0
     hdr["e1"] = e1
-    return hdr.tobytes() + vals.astype(VALUE_DTYPE, copy=False).tobytes()
+    return hdr.tobytes() + vals.astype(VALUE16_DTYPE if values16 else VALUE_DTYPE).tobytes()
 
 
 def decode(data: bytes | bytearray | memoryview, expected_size_code: int | None = None) -> Packet:
@@ -184,6 +222,7 @@ def decode(data: bytes | bytearray | memoryview, expected_size_code: int | None 
         int(hdr["e0"]),
         int(hdr["e1"]),
         values,
+        1 if b0 & FORMAT_BIT else 0,
     )
 
 

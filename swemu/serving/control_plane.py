@@ -236,6 +236,7 @@ class SessionService(pb_grpc.SessionServicer):
                 mac=request.mac,
                 now=self.clock(),
                 loopback_broadcast=broadcast,
+                value_formats=int(request.value_formats),
             )
             if self.commit is not None:
                 await self.commit()
@@ -254,7 +255,7 @@ class SessionService(pb_grpc.SessionServicer):
             raise  # unreachable: abort raises
         params = session.params
         log.info(
-            "session %d: rank %d/%d at %s:%d (size code %d, pool %d)",
+            "session %d: rank %d/%d at %s:%d (size code %d, pool %d%s)",
             params.session_id,
             request.rank,
             params.num_workers,
@@ -262,6 +263,7 @@ class SessionService(pb_grpc.SessionServicer):
             udp_port,
             params.size_code,
             params.pool_size,
+            ", 16-bit values too" if params.value_formats else "",
         )
         if self.on_register is not None:
             self.on_register(params.session_id, request.rank)
@@ -290,7 +292,9 @@ class SessionService(pb_grpc.SessionServicer):
             ipaddress.IPv4Address(ipv4),
             udp_port,
         )
-        return self._answer(request.session_id, epoch)
+        # the root applied the session rules, value formats included (every
+        # emulator offers both): the job has the formats this rank asked for
+        return self._answer(request.session_id, epoch, 0, int(request.value_formats))
 
     async def _fabric_call(self, context, coro, what: str, request) -> Any:
         """Await a fabric call; its refusals and failures become gRPC statuses."""
@@ -305,7 +309,7 @@ class SessionService(pb_grpc.SessionServicer):
         raise AssertionError("unreachable")  # abort raises
 
     def _answer(
-        self, session_id: int, epoch: int, broadcast_port: int = 0
+        self, session_id: int, epoch: int, broadcast_port: int = 0, value_formats: int = 0
     ) -> pb.UdpSessionResponse:
         switch = self.controller.switch
         return pb.UdpSessionResponse(
@@ -318,12 +322,13 @@ class SessionService(pb_grpc.SessionServicer):
             worker_identity=self.identity,
             instance=self.instance,
             epoch=epoch,
+            value_formats=value_formats,
         )
 
     def _registered(self, session: Session, broadcast: bool) -> pb.UdpSessionResponse:
         """What UdpSession (and Resume) answer a registered rank."""
         port = self.controller.broadcast_port(session) if broadcast else 0
-        return self._answer(session.session_id, session.epoch, port)
+        return self._answer(session.session_id, session.epoch, port, session.params.value_formats)
 
     async def Status(
         self, request: pb.StatusRequest, context: grpc.aio.ServicerContext
@@ -370,7 +375,9 @@ class SessionService(pb_grpc.SessionServicer):
             resp = await self._fabric_call(context, self.fabric.resume(report), "Resume", reg)
             answer = pb.ResumeResponse()
             answer.CopyFrom(resp)
-            answer.registration.CopyFrom(self._answer(reg.session_id, resp.registration.epoch))
+            answer.registration.CopyFrom(
+                self._answer(reg.session_id, resp.registration.epoch, 0, int(reg.value_formats))
+            )
             return answer
         waiting = self._resumes.setdefault(reg.session_id, {})
         me = _Resumer(
@@ -430,6 +437,7 @@ class SessionService(pb_grpc.SessionServicer):
                     "pool_size": reg.pool_size,
                     "mac": reg.mac,
                     "loopback_broadcast": reg.loopback_broadcast and by_port,
+                    "value_formats": int(reg.value_formats),
                 }
             )
             progress[rank] = Progress(

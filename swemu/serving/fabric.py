@@ -425,6 +425,7 @@ class FabricNode:
             pool_size=reg.pool_size,
             mac=reg.mac,
             now=self.server.clock(),
+            value_formats=int(reg.value_formats),
         )
         where = self.registry.where.setdefault(reg.session_id, {})
         where[reg.rank] = RankAt(tuple(_hop(h) for h in path), _member(reg))
@@ -452,6 +453,7 @@ class FabricNode:
             pool_size=params.pool_size,
             epoch=epoch,
             plan=_plan_message(plan),
+            value_formats=params.value_formats,
         )
         await self.on_configure(request)
         self.registry.configured[session_id] = epoch
@@ -516,6 +518,7 @@ class FabricNode:
                 "pool_size": request.pool_size,
                 "mac": m.mac,
                 "loopback_broadcast": False,
+                "value_formats": request.value_formats,
             }
             for i, m in enumerate(members)
         ]
@@ -719,6 +722,7 @@ class FabricNode:
                         "pool_size": reg.pool_size,
                         "mac": reg.mac,
                         "loopback_broadcast": False,
+                        "value_formats": int(reg.value_formats),
                     }
                 )
             try:

@@ -128,9 +128,11 @@ class _Shard:
             self.done.set()
 
     # requests (op_<name>), in the order the main process sent them
-    def op_create_job(self, session_id: int, workers: int, code: int, pool: int) -> None:
+    def op_create_job(
+        self, session_id: int, workers: int, code: int, pool: int, formats: int = 0
+    ) -> None:
         self.data.flush()  # what arrived before counts under the tables before (a resume)
-        self.engine.create_job(session_id, workers, code, pool, self.loop.time())
+        self.engine.create_job(session_id, workers, code, pool, self.loop.time(), formats)
 
     def op_delete_job(self, session_id: int, why: str) -> None:
         job = self.engine.jobs.get(session_id)

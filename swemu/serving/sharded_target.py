@@ -217,7 +217,14 @@ class ShardedTarget:
         handle = ShardedJob(job.session_id, self._free.pop(), job)
         self.jobs[job.session_id] = handle
         self.active[job.session_id] = now
-        self._send("create_job", job.session_id, job.num_workers, job.size_code, job.pool_size)
+        self._send(
+            "create_job",
+            job.session_id,
+            job.num_workers,
+            job.size_code,
+            job.pool_size,
+            job.value_formats,
+        )
         return handle
 
     def delete_job(self, handle: ShardedJob, *, why: str) -> None:

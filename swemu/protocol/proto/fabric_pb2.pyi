@@ -110,20 +110,22 @@ class Plan(_message.Message):
     def __init__(self, switch: _Optional[int] = ..., involved: _Optional[bool] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., parent_ipv4: _Optional[int] = ..., parent_port: _Optional[int] = ..., below: _Optional[_Iterable[_Union[Plan, _Mapping]]] = ...) -> None: ...
 
 class ConfigureRequest(_message.Message):
-    __slots__ = ("session_id", "num_workers", "packet_size", "pool_size", "epoch", "plan")
+    __slots__ = ("session_id", "num_workers", "packet_size", "pool_size", "epoch", "plan", "value_formats")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
     PACKET_SIZE_FIELD_NUMBER: _ClassVar[int]
     POOL_SIZE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FORMATS_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     num_workers: int
     packet_size: int
     pool_size: int
     epoch: int
     plan: Plan
-    def __init__(self, session_id: _Optional[int] = ..., num_workers: _Optional[int] = ..., packet_size: _Optional[int] = ..., pool_size: _Optional[int] = ..., epoch: _Optional[int] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ...) -> None: ...
+    value_formats: int
+    def __init__(self, session_id: _Optional[int] = ..., num_workers: _Optional[int] = ..., packet_size: _Optional[int] = ..., pool_size: _Optional[int] = ..., epoch: _Optional[int] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., value_formats: _Optional[int] = ...) -> None: ...
 
 class ConfigureResponse(_message.Message):
     __slots__ = ()

@@ -13,6 +13,11 @@ class WorkerIdentity(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     IDENTITY_IP_PORT: _ClassVar[WorkerIdentity]
     IDENTITY_IP: _ClassVar[WorkerIdentity]
 
+class ValueFormats(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    VALUES_INT32: _ClassVar[ValueFormats]
+    VALUES_INT32_AND_BLOCK16: _ClassVar[ValueFormats]
+
 class PacketSize(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     MTU_128: _ClassVar[PacketSize]
@@ -26,6 +31,8 @@ class PacketSize(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 IDENTITY_UNKNOWN: WorkerIdentity
 IDENTITY_IP_PORT: WorkerIdentity
 IDENTITY_IP: WorkerIdentity
+VALUES_INT32: ValueFormats
+VALUES_INT32_AND_BLOCK16: ValueFormats
 MTU_128: PacketSize
 MTU_256: PacketSize
 MTU_512: PacketSize
@@ -76,7 +83,7 @@ class RdmaSessionResponse(_message.Message):
     def __init__(self, session_id: _Optional[int] = ..., mac: _Optional[int] = ..., ipv4: _Optional[int] = ..., rkeys: _Optional[_Iterable[int]] = ..., qpns: _Optional[_Iterable[int]] = ..., psns: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class UdpSessionRequest(_message.Message):
-    __slots__ = ("session_id", "rank", "num_workers", "mac", "ipv4", "packet_size", "udp_port", "pool_size", "loopback_broadcast")
+    __slots__ = ("session_id", "rank", "num_workers", "mac", "ipv4", "packet_size", "udp_port", "pool_size", "loopback_broadcast", "value_formats")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +93,7 @@ class UdpSessionRequest(_message.Message):
     UDP_PORT_FIELD_NUMBER: _ClassVar[int]
     POOL_SIZE_FIELD_NUMBER: _ClassVar[int]
     LOOPBACK_BROADCAST_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FORMATS_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     rank: int
     num_workers: int
@@ -95,10 +103,11 @@ class UdpSessionRequest(_message.Message):
     udp_port: int
     pool_size: int
     loopback_broadcast: bool
-    def __init__(self, session_id: _Optional[int] = ..., rank: _Optional[int] = ..., num_workers: _Optional[int] = ..., mac: _Optional[int] = ..., ipv4: _Optional[int] = ..., packet_size: _Optional[_Union[PacketSize, str]] = ..., udp_port: _Optional[int] = ..., pool_size: _Optional[int] = ..., loopback_broadcast: _Optional[bool] = ...) -> None: ...
+    value_formats: ValueFormats
+    def __init__(self, session_id: _Optional[int] = ..., rank: _Optional[int] = ..., num_workers: _Optional[int] = ..., mac: _Optional[int] = ..., ipv4: _Optional[int] = ..., packet_size: _Optional[_Union[PacketSize, str]] = ..., udp_port: _Optional[int] = ..., pool_size: _Optional[int] = ..., loopback_broadcast: _Optional[bool] = ..., value_formats: _Optional[_Union[ValueFormats, str]] = ...) -> None: ...
 
 class UdpSessionResponse(_message.Message):
-    __slots__ = ("session_id", "mac", "ipv4", "data_ports", "broadcast_port", "emulator", "worker_identity", "instance", "epoch")
+    __slots__ = ("session_id", "mac", "ipv4", "data_ports", "broadcast_port", "emulator", "worker_identity", "instance", "epoch", "value_formats")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MAC_FIELD_NUMBER: _ClassVar[int]
     IPV4_FIELD_NUMBER: _ClassVar[int]
@@ -108,6 +117,7 @@ class UdpSessionResponse(_message.Message):
     WORKER_IDENTITY_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FORMATS_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     mac: int
     ipv4: int
@@ -117,7 +127,8 @@ class UdpSessionResponse(_message.Message):
     worker_identity: WorkerIdentity
     instance: int
     epoch: int
-    def __init__(self, session_id: _Optional[int] = ..., mac: _Optional[int] = ..., ipv4: _Optional[int] = ..., data_ports: _Optional[_Iterable[int]] = ..., broadcast_port: _Optional[int] = ..., emulator: _Optional[_Union[EmulatorInfo, _Mapping]] = ..., worker_identity: _Optional[_Union[WorkerIdentity, str]] = ..., instance: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+    value_formats: ValueFormats
+    def __init__(self, session_id: _Optional[int] = ..., mac: _Optional[int] = ..., ipv4: _Optional[int] = ..., data_ports: _Optional[_Iterable[int]] = ..., broadcast_port: _Optional[int] = ..., emulator: _Optional[_Union[EmulatorInfo, _Mapping]] = ..., worker_identity: _Optional[_Union[WorkerIdentity, str]] = ..., instance: _Optional[int] = ..., epoch: _Optional[int] = ..., value_formats: _Optional[_Union[ValueFormats, str]] = ...) -> None: ...
 
 class EmulatorInfo(_message.Message):
     __slots__ = ("packet_size",)

@@ -3,7 +3,8 @@
 The protocol engine of one worker in one job (:mod:`.protocol`: window, shadow
 sets, timers, the exponent window of docs/protocol.md §3–§4), its Numba kernels
 (:mod:`.kernels`, with the retransmission timer a child switch uses toward its
-parent), block floating point in plain numpy (:mod:`.quant`, the test oracle),
+parent; :mod:`.block16` for 16-bit values and tensors), block floating point in
+plain numpy (:mod:`.quant`, the test oracle),
 streaming stores (:mod:`.stream`), deterministic inputs with known sums
 (:mod:`.testdata`) and the errors it raises (:mod:`.errors`).
 

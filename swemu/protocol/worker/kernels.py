@@ -24,14 +24,15 @@ from swemu.protocol.header import (
     read_e0,
     read_pool_index,
     read_tsi,
+    set_format,
     type_size_byte,
     write_header,
 )
 from swemu.protocol.jit import kernel
 from swemu.protocol.rawmem import bswap32, bytes_at, words_at
-from swemu.protocol.wire import EXP_NONE, EXP_TSI_BASE, HEADER_LEN
+from swemu.protocol.wire import EXP_NONE, EXP_TSI_BASE, FORMAT_BIT, HEADER_LEN
 
-from . import stream
+from . import block16, stream
 
 DONE = -2  # WorkerState.chunk[s]: the slot has nothing more to do in this call
 INT32_MAX = 2147483647
@@ -73,7 +74,15 @@ class WorkerState(NamedTuple):
     is_float: bool
     my_exp: np.ndarray  # int8[nchunks]: this worker's exponent of each chunk (float32)
     shared_exp: np.ndarray  # int8[nchunks]: the job's, from the switch's results
-    limit: float  # the largest |quantized value|: (2^31 - 1) / W, so W terms never overflow
+    limit: float  # the largest |quantized value|: (2^31 - 1) / W, so W terms never
+    #               overflow; on the 16-bit wire L = (2^16 - 1) // 2W (docs/protocol.md §4.2)
+    # --- 16-bit data (swemu.protocol.worker.block16): float16/bfloat16 tensors use
+    #     xh/oh (their bit patterns; empty otherwise), and a call on the 16-bit wire
+    #     sends 2N values of 16 bits per packet (nvals = 2N), its format bit set
+    xh: np.ndarray  # uint16[n]: the input
+    oh: np.ndarray  # uint16[n]: the output
+    half: int  # block16.HALF_*: what xh/oh hold (HALF_NONE: no 16-bit tensor)
+    wire16: bool
     # --- the call
     nchunks: int
     nvals: int  # values per packet
@@ -282,9 +291,14 @@ def _advance(s, now, ws, rto0):
         e0 = ws.my_exp[nxt + ws.nslots] if nxt + ws.nslots < ws.nchunks else EXP_NONE
     row = ws.rows[s]
     write_header(row, ws.code, ws.job_number, nxt, st, s, e0, 0)
-    _fill_data(
-        row, ws.xi, ws.xf, ws.is_float, nxt, ws.nvals, ws.shared_exp, ws.num_workers, ws.limit
-    )
+    if ws.wire16 or ws.half != block16.HALF_NONE:
+        if ws.wire16:
+            set_format(row, 1)
+        block16.fill_chunk(row, ws, nxt)
+    else:
+        _fill_data(
+            row, ws.xi, ws.xf, ws.is_float, nxt, ws.nvals, ws.shared_exp, ws.num_workers, ws.limit
+        )
     ws.deadline[s] = now + rto0
     ws.rto[s] = rto0
     ws.tries[s] = 0
@@ -311,7 +325,9 @@ def start(now, ws):
             ws.chunk[s] = -1
             row = ws.rows[s]
             write_header(row, ws.code, ws.job_number, EXP_TSI_BASE + s, st, s, ws.my_exp[s], 0)
-            for i in range(HEADER_LEN, HEADER_LEN + 4 * ws.nvals):
+            if ws.wire16:
+                set_format(row, 1)  # every packet of a 16-bit call says so (§4.2)
+            for i in range(HEADER_LEN, row.shape[0]):
                 row[i] = 0
             ws.deadline[s] = now + rto0
             ws.rto[s] = rto0
@@ -370,7 +386,8 @@ def on_results(addrs, lens, ok, n, now, ws):
     rtt, counters, chunk = ws.rtt, ws.counters, ws.chunk
     nvals, nslots, is_float = ws.nvals, ws.nslots, ws.is_float
     n_send = 0
-    plen = HEADER_LEN + 4 * nvals
+    plen = ws.rows.shape[1]  # HEADER_LEN + 4N: nvals = N values of 32 bits, or 2N of 16
+    first = type_size_byte(ws.code) | (FORMAT_BIT if ws.wire16 else 0)  # byte 0 of a result
     rto0 = timeout(rtt, ws.rto_min, ws.rto_max)
     n_total = ws.of.shape[0] if is_float else ws.oi.shape[0]
     streaming = 4 * n_total >= stream.MIN_BYTES  # a large output: streaming stores
@@ -380,7 +397,7 @@ def on_results(addrs, lens, ok, n, now, ws):
             counters[Counter.IGNORED] += 1
             continue
         row = bytes_at(addrs[r], plen)
-        if row[0] != type_size_byte(ws.code) or row[1] != ws.job_number:
+        if row[0] != first or row[1] != ws.job_number:
             counters[Counter.IGNORED] += 1
             continue
         pi = read_pool_index(row)
@@ -409,6 +426,10 @@ def on_results(addrs, lens, ok, n, now, ws):
             rto0 = rtt_sample(rtt, now - (ws.deadline[s] - ws.rto[s]), ws.rto_min, ws.rto_max)
         if c == -1:
             ws.shared_exp[s] = e0
+        elif ws.wire16 or ws.half != block16.HALF_NONE:
+            block16.store_chunk(ws, c, addrs[r] + HEADER_LEN)
+            if c + nslots < ws.nchunks:
+                ws.shared_exp[c + nslots] = e0
         else:
             lo = c * nvals
             hi = min(lo + nvals, n_total)
@@ -443,11 +464,12 @@ def on_results(addrs, lens, ok, n, now, ws):
 
 
 @kernel
-def apply_result(s, e0, values_i, values_f, now, ws):
+def apply_result(s, e0, values_i, values_f, values_h, now, ws):
     """Take the result of slot s's outstanding packet from elsewhere than the
     switch (restart recovery: a rank that holds it hands it on, docs/protocol.md
-    §5): ``e0`` as the result's exponent and ``values_i`` or ``values_f`` (the
-    call's dtype; empty for an exponent packet's result) as the chunk's output,
+    §5): ``e0`` as the result's exponent and ``values_i``, ``values_f`` or
+    ``values_h`` (the output's type: int32, float32, or a 16-bit tensor's bit
+    patterns; empty for an exponent packet's result) as the chunk's output,
     exactly as another rank stored it. Then the slot moves on as after any
     result; returns the count of slots in ``ws.send`` to send (0 or 1)."""
     c = ws.chunk[s]
@@ -457,7 +479,13 @@ def apply_result(s, e0, values_i, values_f, now, ws):
         ws.shared_exp[s] = e0
     else:
         lo = c * ws.nvals
-        if ws.is_float:
+        if ws.half != block16.HALF_NONE:
+            oh = ws.oh[lo : lo + values_h.shape[0]]
+            for i in range(values_h.shape[0]):
+                oh[i] = values_h[i]
+            if c + ws.nslots < ws.nchunks:
+                ws.shared_exp[c + ws.nslots] = e0
+        elif ws.is_float:
             o = ws.of[lo : lo + values_f.shape[0]]
             for i in range(values_f.shape[0]):
                 o[i] = values_f[i]

@@ -22,6 +22,11 @@ to send the next on the same slot with the other set. float32 calls first send
 one exponent-only packet per slot (tsi = 2^31 + s), whose result is the shared
 exponent of chunk s; every data packet then carries the exponent of the chunk
 K ahead (§4). The kernels in :mod:`swemu.protocol.worker.kernels` do all of it in batches.
+
+float16 and bfloat16 tensors are floating calls too, read and written in their
+own type (no float32 copy); a floating call with ``values16`` sends 16-bit values,
+twice as many per packet, with the format bit set (§4.2): the job must have
+registered that format (``ValueFormats.INT32_AND_BLOCK16``).
 """
 
 from __future__ import annotations
@@ -32,11 +37,16 @@ import numpy as np
 
 from swemu.protocol import wire
 
+from . import block16
 from . import kernels as K
 from .errors import NoProgressError
 from .recovery import Progress, RecoveryError, SlotResult
 
-SUPPORTED_DTYPES = (np.dtype(np.int32), np.dtype(np.float32))
+SUPPORTED_DTYPES = (np.dtype(np.int32), np.dtype(np.float32), np.dtype(np.float16))
+#: numpy has no bfloat16; ml_dtypes' (what TensorFlow and JAX hand out) is known by name
+BFLOAT16 = "bfloat16"
+#: Allreduce.dtype: the element type of a call's tensor
+DTYPE_NAMES = ("int32", "float32", "float16", BFLOAT16)
 
 
 @dataclass(frozen=True)
@@ -80,12 +90,31 @@ class Timing:
             raise ValueError("backoff_after must be at least 1")
 
 
-def check_input(x: np.ndarray, out: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """Validate an allreduce's arrays; return flat C-contiguous views (in, out)."""
+def dtype_name(x: np.ndarray, bfloat16: bool = False) -> str:
+    """The element type of an allreduce's array (one of :data:`DTYPE_NAMES`):
+    ``bfloat16`` says a uint16/int16 array holds bfloat16 bit patterns (a torch
+    bfloat16 tensor's memory, say); an ml_dtypes bfloat16 array is one by name."""
+    if bfloat16:
+        if x.dtype.itemsize != 2 or x.dtype.kind not in "uifV":
+            raise TypeError(f"bfloat16=True needs 16-bit patterns, got {x.dtype}")
+        return BFLOAT16
+    if x.dtype.name == BFLOAT16 and x.dtype.itemsize == 2:
+        return BFLOAT16
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"allreduce supports int32, float32, float16 and bfloat16 arrays, got {x.dtype}"
+        )
+    return x.dtype.name
+
+
+def check_input(
+    x: np.ndarray, out: np.ndarray | None, *, bfloat16: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """Validate an allreduce's arrays; return flat C-contiguous views (in, out):
+    float16 and bfloat16 arrays as uint16 views of their bit patterns."""
     if not isinstance(x, np.ndarray):
         raise TypeError(f"allreduce takes a numpy array, got {type(x).__name__}")
-    if x.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"allreduce supports int32 and float32 arrays, got {x.dtype}")
+    half = dtype_name(x, bfloat16) in ("float16", BFLOAT16)
     if not x.flags.c_contiguous:
         raise ValueError("allreduce needs a C-contiguous array (use np.ascontiguousarray)")
     if out is None:
@@ -95,6 +124,8 @@ def check_input(x: np.ndarray, out: np.ndarray | None) -> tuple[np.ndarray, np.n
             raise ValueError("out must be a numpy array of the same dtype and shape as x")
         if not out.flags.c_contiguous or not out.flags.writeable:
             raise ValueError("out must be C-contiguous and writeable")
+    if half:
+        return x.reshape(-1).view(np.uint16), out.reshape(-1).view(np.uint16)
     return x.reshape(-1), out.reshape(-1)
 
 
@@ -128,10 +159,26 @@ class WorkerProtocol:
         self.rounds = np.zeros(window, np.int64)
         self.retained: dict[int, SlotResult] = {}
 
-    def allreduce(self, x: np.ndarray, out: np.ndarray | None, now: float) -> Allreduce:
-        """Start one allreduce of ``x`` (validated here) into ``out``."""
-        flat_x, flat_out = check_input(x, out)
-        op = Allreduce(self, flat_x, flat_out, self.calls % 256, now)
+    def allreduce(
+        self,
+        x: np.ndarray,
+        out: np.ndarray | None,
+        now: float,
+        *,
+        values16: bool = False,
+        bfloat16: bool = False,
+    ) -> Allreduce:
+        """Start one allreduce of ``x`` (validated here) into ``out``; ``values16``
+        sends a floating tensor as 16-bit values (docs/protocol.md §4.2; the job
+        must have registered the format), ``bfloat16`` says ``x`` (uint16 or
+        int16) holds bfloat16 bit patterns."""
+        dtype = dtype_name(x, bfloat16)
+        if values16 and dtype == "int32":
+            raise TypeError("int32 sums are exact on the 32-bit wire only; values16 is for floats")
+        flat_x, flat_out = check_input(x, out, bfloat16=bfloat16)
+        op = Allreduce(
+            self, flat_x, flat_out, self.calls % 256, now, dtype=dtype, values16=values16
+        )
         self.calls += 1
         return op
 
@@ -156,13 +203,29 @@ class Allreduce:
     """The state of one allreduce call (see the module docstring)."""
 
     def __init__(
-        self, proto: WorkerProtocol, x: np.ndarray, out: np.ndarray, job_number: int, now: float
+        self,
+        proto: WorkerProtocol,
+        x: np.ndarray,
+        out: np.ndarray,
+        job_number: int,
+        now: float,
+        *,
+        dtype: str | None = None,
+        values16: bool = False,
     ) -> None:
         self.proto = proto
         self.job_number = job_number
-        self.is_float = x.dtype == np.float32
+        #: the tensor's element type (DTYPE_NAMES); 16-bit ones come as uint16 views
+        self.dtype = dtype or x.dtype.name
+        self.half = {"float16": block16.HALF_FLOAT16, BFLOAT16: block16.HALF_BFLOAT16}.get(
+            self.dtype, block16.HALF_NONE
+        )
+        self.is_float = self.dtype != "int32"
+        self.values16 = bool(values16)
+        self.out = out  # the result, flat (16-bit tensors: their bit patterns)
         self.size = x.shape[0]
-        nv = proto.nvals
+        nv = proto.nvals * (2 if self.values16 else 1)  # values per packet
+        self.nvals = nv
         self.nchunks = (self.size + nv - 1) // nv
         k = proto.window
         self.chunk = np.full(k, K.DONE, np.int64)
@@ -175,13 +238,21 @@ class Allreduce:
         self.counters = np.zeros(len(K.Counter), np.int64)
         self.my_exp = np.zeros(self.nchunks if self.is_float else 0, np.int8)
         self.shared_exp = np.zeros_like(self.my_exp)
-        # the kernels take both typed views; the unused pair is empty
+        # the kernels take every typed view; the unused ones are empty
         empty_i, empty_f = np.zeros(0, np.int32), np.zeros(0, np.float32)
-        if self.is_float:
-            self.xi, self.xf, self.oi, self.of = empty_i, x, empty_i, out
+        empty_h = np.zeros(0, np.uint16)
+        self.xi, self.xf, self.oi, self.of = empty_i, empty_f, empty_i, empty_f
+        self.xh, self.oh = empty_h, empty_h
+        if self.half != block16.HALF_NONE:
+            self.xh, self.oh = x, out
+        elif self.is_float:
+            self.xf, self.of = x, out
         else:
-            self.xi, self.xf, self.oi, self.of = x, empty_f, out, empty_f
-        self.limit = float(K.INT32_MAX // proto.num_workers)
+            self.xi, self.oi = x, out
+        if self.values16:
+            self.limit = float(block16.offset16(proto.num_workers))
+        else:
+            self.limit = float(K.INT32_MAX // proto.num_workers)
         self.expected_results = self.nchunks + (min(k, self.nchunks) if self.is_float else 0)
         self.last_progress = now
         self._started = False
@@ -196,6 +267,10 @@ class Allreduce:
             my_exp=self.my_exp,
             shared_exp=self.shared_exp,
             limit=self.limit,
+            xh=self.xh,
+            oh=self.oh,
+            half=int(self.half),
+            wire16=self.values16,
             nchunks=int(self.nchunks),
             nvals=int(nv),
             nslots=int(k),
@@ -219,10 +294,13 @@ class Allreduce:
             rtt=proto.rtt,
             counters=self.counters,
         )
-        if self.is_float:
+        if self.half != block16.HALF_NONE:
+            status = block16.half_exponents(x, nv, self.my_exp, int(self.half))
+        elif self.is_float:
             status = K.chunk_exponents(x, nv, self.my_exp)
+        if self.is_float:
             if status == 1:
-                raise ValueError("float32 input contains NaN or Inf; SwitchML cannot sum it")
+                raise ValueError(f"{self.dtype} input contains NaN or Inf; SwitchML cannot sum it")
             if status == 2:
                 raise ValueError(
                     "float32 input has |x| >= 2^127, beyond the int8 exponent of block "
@@ -295,11 +373,18 @@ class Allreduce:
             slot=oldest,
         )
 
+    def _output(self) -> np.ndarray:
+        """The call's output as the kernels store it: int32, float32, or a 16-bit
+        tensor's bit patterns (uint16)."""
+        if self.half != block16.HALF_NONE:
+            return self.oh
+        return self.of if self.is_float else self.oi
+
     def last_results(self) -> dict[int, SlotResult]:
         """The last result of each slot that has had one in this call (its
         chunk's output copied out; an exponent packet's result without values)."""
-        proto, k, nv = self.proto, self.proto.window, self.proto.nvals
-        out = self.of if self.is_float else self.oi
+        proto, k, nv = self.proto, self.proto.window, self.nvals
+        out = self._output()
         found: dict[int, SlotResult] = {}
         for s in range(min(k, self.nchunks)):
             c = int(self.chunk[s])
@@ -331,8 +416,8 @@ class Allreduce:
         Returns the count of slots in :attr:`send`. Raises RecoveryError for a
         repair that is not the result of this worker's outstanding packet."""
         proto = self.proto
-        dtype = self.of.dtype if self.is_float else self.oi.dtype
-        empty_i, empty_f = self.oi[:0], self.of[:0]
+        out = self._output()
+        empty_i, empty_f, empty_h = self.oi[:0], self.of[:0], self.oh[:0]
         queued: list[int] = []
         for r in repairs:
             s = r.slot
@@ -350,11 +435,17 @@ class Allreduce:
                     f"a repair of slot {s} (tsi {r.tsi}, round {r.round}) is not the result "
                     f"this worker waits for there"
                 )
-            values = np.frombuffer(r.values, dtype) if c >= 0 else np.zeros(0, dtype)
-            if c >= 0 and values.shape[0] != min(proto.nvals, self.size - c * proto.nvals):
+            values = np.frombuffer(r.values, out.dtype) if c >= 0 else out[:0]
+            if c >= 0 and values.shape[0] != min(self.nvals, self.size - c * self.nvals):
                 raise RecoveryError(f"a repair of slot {s} has {values.shape[0]} values")
-            vi, vf = (empty_i, values) if self.is_float else (values, empty_f)
-            if K.apply_result(s, int(r.e0), vi, vf, now, self.state):
+            vi, vf, vh = empty_i, empty_f, empty_h
+            if self.half != block16.HALF_NONE:
+                vh = values
+            elif self.is_float:
+                vf = values
+            else:
+                vi = values
+            if K.apply_result(s, int(r.e0), vi, vf, vh, now, self.state):
                 queued.append(int(self.send[0]))
         self.last_progress = now
         again = np.flatnonzero((self.chunk != K.DONE) & (self.waiting == 0))
@@ -375,11 +466,12 @@ class Allreduce:
 
 def warmup() -> None:
     """Compile (or load from Numba's cache) every kernel of the worker's data
-    path, int32 and float32, before any clock starts: a first allreduce must not
-    spend its no-progress budget compiling."""
-    for dtype in (np.int32, np.float32):
+    path, before any clock starts (int32, float32, and float16 on the 16-bit
+    wire: one compiled version serves them all, each run once to check it): a
+    first allreduce must not spend its no-progress budget compiling."""
+    for dtype, values16 in ((np.int32, False), (np.float32, False), (np.float16, True)):
         proto = WorkerProtocol(num_workers=1, size_code=0, window=1)
-        op = proto.allreduce(np.ones(40, dtype), None, 0.0)
+        op = proto.allreduce(np.ones(40, dtype), None, 0.0, values16=values16)
         for _ in range(3):  # exponent packet (float32), then two data chunks
             n = op.initial(0.0) if not op._started else op.handle_timer(op.get_timer())
             if op.done or n == 0:
