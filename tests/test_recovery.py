@@ -86,6 +86,36 @@ def test_float32_results_are_those_of_an_uninterrupted_job(w, n, window, restart
             np.testing.assert_array_equal(got[r][c], want)
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    w=st.integers(1, 4),
+    n=st.integers(1, 300),
+    window=st.integers(1, 5),
+    restarts=st.lists(st.integers(0, 300), min_size=1, max_size=2),
+    wire16=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_float16_results_are_those_of_an_uninterrupted_job(w, n, window, restarts, wire16, seed):
+    """float16 tensors, on the 16-bit wire (§4.2) or the 32-bit one: with
+    restarts, every rank's results are bit for bit those of the same calls
+    without any (results handed from rank to rank are 16-bit bit patterns)."""
+    rng = np.random.default_rng(seed)
+    calls = 2
+    inputs = [
+        [(rng.standard_normal(n) * 4).astype(np.float16) for _ in range(w)] for _ in range(calls)
+    ]
+    per_rank = [[inputs[c][r] for c in range(calls)] for r in range(w)]
+    faults = Faults(loss_up=0.1, loss_down=0.1)
+    calm = RestartFabric(w, size_code=0, window=window, seed=seed, values16=wire16)
+    want = calm.run(per_rank, [])
+    fab = RestartFabric(w, size_code=0, window=window, seed=seed, faults=faults, values16=wire16)
+    got = fab.run(per_rank, restarts)
+    for r in range(w):
+        for c in range(calls):
+            assert got[r][c].dtype == np.float16
+            np.testing.assert_array_equal(got[r][c].view(np.uint16), want[0][c].view(np.uint16))
+
+
 def test_a_lost_result_is_handed_on_by_a_rank_that_holds_it():
     """Results lost on their way down, then a restart: the recovery hands
     results from rank to rank (the case the shadow copy answered before the

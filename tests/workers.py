@@ -150,13 +150,15 @@ def fabric_rank(
     rank: int, world: int, control: str, session_id: int, calls: int, n: int, out
 ) -> None:
     """One rank of a job on a fabric (tests/test_fabric_e2e.py): it registers at its
-    own switch's control plane only; int32 and float32 calls of ``rank_input``,
-    each checked against what one switch would give (the exact sum, and bit for
-    bit ``quant.simulate_allreduce``). Puts ``(session, rank, wrong lines)`` or
-    ``(session, rank, traceback)`` on ``out``."""
+    own switch's control plane only; int32, float32 and float16 calls (the last on
+    the 16-bit wire, docs/protocol.md §4.2) of ``rank_input``, each checked
+    against what one switch would give (the exact sum, and bit for bit
+    ``quant.simulate_allreduce`` or ``simulate_allreduce16``). Puts ``(session,
+    rank, wrong lines)`` or ``(session, rank, traceback)`` on ``out``."""
     import traceback
 
     from swemu.launch import die_with_parent
+    from swemu.protocol import wire
     from swemu.protocol.worker import quant
 
     die_with_parent(os.getppid())
@@ -167,12 +169,19 @@ def fabric_rank(
         ) as ctx:
             nvals = 32 << ctx.options.packet_size
             for call in range(calls):
-                dt = np.int32 if call % 2 == 0 else np.float32
-                y = ctx.allreduce(rank_input(rank, n, call, dt))
-                xs = [rank_input(r, n, call, dt) for r in range(world)]
+                dt = (np.int32, np.float32, np.float16)[call % 3]
+                if dt == np.float16:
+                    xs = [half_input(r, n).astype(np.float16) for r in range(world)]
+                    y = ctx.allreduce(xs[rank])
+                    nv16 = wire.values16_per_packet(ctx.options.packet_size)
+                    want = quant.simulate_allreduce16(xs, nv16)
+                    y, want = y.view(np.uint16), want.view(np.uint16)  # bit for bit
+                else:
+                    y = ctx.allreduce(rank_input(rank, n, call, dt))
+                    xs = [rank_input(r, n, call, dt) for r in range(world)]
                 if dt == np.int32:
                     want = np.sum([x.astype(np.int64) for x in xs], axis=0).astype(np.int32)
-                else:
+                elif dt == np.float32:
                     want = quant.simulate_allreduce(xs, nvals)
                 if not np.array_equal(y, want):
                     wrong.append(
