@@ -328,8 +328,8 @@ def run(
     rows = bc.summarize(records)
     if racks > 1:
         hosts = max(workers) // racks
-        model = _predict(rows, hosts, packet_size, window, mtu)
-        table = bc.fabric_table(rows, hosts, model)
+        _predict(rows, hosts, packet_size, window, mtu)
+        table = bc.fabric_table(rows, hosts)
     else:
         table = bc.markdown_table(rows)
     terminal.out.print(table, markup=False, highlight=False, soft_wrap=True)
@@ -361,36 +361,16 @@ def run(
 def _predict(
     rows: list[dict], hosts: int, packet_size: int, window: int | None, mtu: int
 ) -> dict[tuple, float]:
-    """The scale model's two-level prediction of every fabric point that has a
-    flat switch beside it (:func:`swemu.model.racks.predict`, calibrated on that
-    measurement); written into the rows (``model_*``) and returned as
-    ``{(rate, oversubscription, W, size): seconds}`` for the table."""
+    """The scale model's two-level prediction of every fabric point with a flat
+    switch beside it (:func:`swemu.model.racks.predict_rows`), written into the
+    rows and returned for the table."""
     from hostlib.client import default_window
-    from swemu.model.racks import RackRun, predict
+    from swemu.model.racks import predict_rows
 
-    by = {
-        (r["rate_gbps"], r["oversubscription"], r["workers"], r["nbytes"], r["method"]): r
-        for r in rows
-    }
-    out = {}
-    for (rate, over, w, nbytes, method), row in by.items():
-        flat = by.get((rate, over, w, nbytes, "flat"))
-        if method != "switchml" or flat is None:
-            continue
-        run = RackRun(
-            rate_gbps=rate,
-            workers=w,
-            hosts=hosts,
-            oversubscription=over,
-            nbytes=nbytes,
-            values_per_packet=32 << packet_size,
-            window=window or default_window(packet_size, w),
-            mtu=mtu,
-        )
-        p = predict(run, flat["median_s"])
-        row.update(model_s=p.fabric, model_host_cost_s=p.host_cost, model_links_s=p.links_only)
-        ring = by.get((rate, over, w, nbytes, "ring"))
-        if ring is not None:
-            ring["model_s"] = p.ring
-        out[(rate, over, w, nbytes)] = p.fabric
-    return out
+    return predict_rows(
+        rows,
+        hosts=hosts,
+        values_per_packet=32 << packet_size,
+        window_of=lambda w: window or default_window(packet_size, w),
+        mtu=mtu,
+    )

@@ -192,6 +192,34 @@ def test_racks_prediction_is_calibrated_on_the_one_switch():
     assert p.ring / p.links_only == pytest.approx(1.75 * (9014 / 8948) / (8244 / 8192), rel=0.01)
 
 
+def test_racks_command_predicts_beside_a_cluster_json(tmp_path):
+    """`switchml simulate racks FILE`: the prediction beside a saved
+    `switchml cluster run --racks` JSON (here made from records, no namespaces)."""
+    from swemu import rack as bc
+
+    s, rate = 64 * MiB, 0.25
+    recs = [
+        bc.Record(
+            0, rate, 8, s, m, t, 1.0, True, 0.0, 0, {"rackup0_bytes": b, "rackdown0_bytes": b}, o
+        )
+        for o in (1.0, 4.0)
+        for m, t, b in (("switchml", 2.3, 1.01 * s), ("ring", 4.0, 1.77 * s), ("flat", 2.25, 0))
+    ]
+    config = bc.BenchConfig(
+        rates_gbps=(rate,), workers=(8,), racks=2, oversubscriptions=(1.0, 4.0), sizes=(s,)
+    )
+    path = tmp_path / "racks.json"
+    bc.write_json(path, config, recs, bc.summarize(recs))
+    r = CliRunner().invoke(switchml, ["simulate", "racks", str(path)], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert "| 0.25 Gb/s | 0.25 Gb/s (4:1) | 8 | 64 MiB | 2300 (1000) |" in r.output
+    assert "| 1.01 / 1.01 | 1.77 / 1.77 | 2250 (-2%) / " in r.output  # calibrated on the flat 2250
+    one = tmp_path / "one.json"
+    bc.write_json(one, bc.BenchConfig(), recs[:1], bc.summarize(recs[:1]))
+    r = CliRunner().invoke(switchml, ["simulate", "racks", str(one)])
+    assert r.exit_code != 0 and "one rack" in r.output
+
+
 # --------------------------------------------------------------- overlap
 def test_compute_bound_iteration_is_the_compute_time():
     model = sim.resnet50()

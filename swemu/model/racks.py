@@ -22,7 +22,9 @@ Part of the scale model (:mod:`swemu.model`, its theory of operation).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from .network import Network
 from .ring import RingConfig, ring_allreduce
@@ -118,3 +120,37 @@ def predict(run: RackRun, measured_one_switch: float) -> Prediction:
         links_only=run.switchml(0.0, two_level=True),
         ring=run.ring(),
     )
+
+
+def predict_rows(
+    rows: list[dict[str, Any]],
+    *,
+    hosts: int,
+    values_per_packet: int,
+    window_of: Callable[[int], int],
+    mtu: int = 9000,
+) -> dict[tuple, float]:
+    """The prediction of every fabric point of ``switchml cluster run --racks``'s
+    summary ``rows`` (its JSON's ``summary``: medians per rate, oversubscription,
+    W, size and method) that has the flat switch measured beside it: written
+    into the rows (the fabric's ``model_s``, ``model_host_cost_s``,
+    ``model_links_s``; the ring's ``model_s``) and returned as ``{(rate,
+    oversubscription, W, size): seconds}``. ``window_of(W)``: the jobs' window."""
+
+    def key(r: dict[str, Any], method: str) -> tuple:
+        return (r["rate_gbps"], r.get("oversubscription", 1.0), r["workers"], r["nbytes"], method)
+
+    by = {key(r, r["method"]): r for r in rows}
+    out = {}
+    for (rate, over, w, nbytes, method), row in by.items():
+        flat = by.get((rate, over, w, nbytes, "flat"))
+        if method != "switchml" or flat is None:
+            continue
+        run = RackRun(rate, w, hosts, over, nbytes, values_per_packet, window_of(w), mtu)
+        p = predict(run, flat["median_s"])
+        row.update(model_s=p.fabric, model_host_cost_s=p.host_cost, model_links_s=p.links_only)
+        ring = by.get((rate, over, w, nbytes, "ring"))
+        if ring is not None:
+            ring["model_s"] = p.ring
+        out[(rate, over, w, nbytes)] = p.fabric
+    return out

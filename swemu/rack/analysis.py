@@ -185,21 +185,25 @@ def _over(over: float) -> str:
     return f"{over:g}:1"
 
 
-def fabric_table(
-    rows: Sequence[dict[str, Any]], hosts: int, model: dict[tuple, float] | None = None
-) -> str:
+def _predicted(r: dict[str, Any] | None) -> str:
+    if not r or not r.get("model_s"):
+        return "–"
+    return f"{r['model_s'] * 1e3:.0f} ({r['model_s'] / r['median_s'] - 1:+.0%})"
+
+
+def fabric_table(rows: Sequence[dict[str, Any]], hosts: int) -> str:
     """Several racks: one line per (rate, oversubscription, W, size) with the
     fabric's (SwitchML through the racks' child switches), gloo's ring's and the
     flat switch's medians (and ideals) in ms, the fabric's speedup over the ring
     (theory), its time over the flat switch's, the bytes the busiest rack uplink
     carried per direction (up / down) per tensor byte for the fabric and the ring,
-    and, if given, the model's prediction of the fabric (``model[(rate,
-    oversubscription, W, size)]``, seconds) with its error."""
+    and the scale model's predictions of the fabric and the ring with their
+    errors, where the rows have them (``model_s``: :func:`swemu.model.racks.predict_rows`)."""
     by = {_key(r): r for r in rows}
     head = (
         "| rate | uplink (oversub.) | W | size | fabric ms (ideal) | ring ms (ideal) "
         "| one switch ms (ideal) | fabric vs ring (theory) | fabric / one switch "
-        "| uplink bytes / S, fabric ↑ / ↓ | ring ↑ / ↓ | model fabric ms (error) "
+        "| uplink bytes / S, fabric ↑ / ↓ | ring ↑ / ↓ | model ms, fabric (error) / ring (error) "
         "| machine busy fabric / ring / one switch |\n"
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
@@ -208,16 +212,11 @@ def fabric_table(
         rate, over, w, nbytes = key
         sw, ring, flat = (by.get((*key, m)) for m in ("switchml", "ring", "flat"))
         ratio = f"{sw['median_s'] / flat['median_s']:.2f}" if sw and flat else "–"
-        predicted = (model or {}).get(key)
-        if predicted and sw:
-            err = predicted / sw["median_s"] - 1
-            pred = f"{predicted * 1e3:.0f} ({err:+.0%})"
-        else:
-            pred = "–"
         lines.append(
             f"| {rate:g} Gb/s | {rate * hosts / over:g} Gb/s ({_over(over)}) | {w} "
             f"| {_mib(nbytes)} | {_cell(sw)} | {_cell(ring)} | {_cell(flat)} "
             f"| {_speed(sw, ring)} | {ratio} | {_per_tensor(sw)} | {_per_tensor(ring)} "
-            f"| {pred} | {_busy(sw)} / {_busy(ring)} / {_busy(flat)} |"
+            f"| {_predicted(sw)} / {_predicted(ring)} "
+            f"| {_busy(sw)} / {_busy(ring)} / {_busy(flat)} |"
         )
     return head + "\n".join(lines) + "\n"
