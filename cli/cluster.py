@@ -1,11 +1,16 @@
-"""``switchml cluster``: the SwitchML-vs-ring experiment on an emulated rack.
+"""``switchml cluster``: the SwitchML-vs-ring experiment on emulated racks.
 
 ``switchml cluster run`` builds network namespaces joined by a bridge over
 rate-limited veth links (``swemu/rack/``), runs the emulator in the switch's
 namespace and one worker per worker namespace, measures SwitchML, gloo ring
 allreduce and a parameter server interleaved, and writes a markdown table, a
-JSON file and a speedup plot. ``switchml cluster --cleanup`` removes what runs
-that were killed (SIGKILL, power loss) left behind. Needs root.
+JSON file and a speedup plot. With ``--racks R`` it builds R such racks under a
+root switch, joined by shaped (``--oversubscription``) uplinks, runs a child
+emulator per rack (``serve --parent``: a two-level fabric) and one more switch
+serving every worker directly, and measures the fabric against gloo's ring
+and that one switch, with the bytes on each rack uplink and the scale model's
+prediction beside the measurement. ``switchml cluster --cleanup`` removes what
+runs that were killed (SIGKILL, power loss) left behind. Needs root.
 """
 
 from __future__ import annotations
@@ -43,9 +48,11 @@ def _sizes(ctx, param, value: str) -> tuple[int, ...]:
     return out
 
 
-def _methods(ctx, param, value: str) -> tuple[str, ...]:
+def _methods(ctx, param, value: str | None) -> tuple[str, ...] | None:
     from swemu.rack import METHODS
 
+    if value is None:
+        return None
     out = tuple(v.strip() for v in value.split(",") if v.strip())
     bad = [m for m in out if m not in METHODS]
     if bad or not out:
@@ -117,11 +124,29 @@ def _need_root() -> None:
 )
 @click.option(
     "--methods",
-    default="switchml,ring,ps,link",
-    show_default=True,
+    default=None,
     callback=_methods,
-    help="switchml (emulator), ring (gloo all_reduce), ps (parameter server at "
-    "rank 0 over gloo send/recv), link (one shaped link, calibration).",
+    help="switchml (emulator; with --racks the fabric: each rack's switch under the "
+    "root), ring (gloo all_reduce), ps (parameter server at rank 0 over gloo "
+    "send/recv), link (one shaped link, calibration), flat (with --racks: one switch "
+    "serving every worker over a second link each) [default: switchml,ring,ps,link; "
+    "with --racks: switchml,ring,flat].",
+)
+@click.option(
+    "--racks",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 16),
+    help="Racks: the largest W split rack by rack, a child switch per rack under a root.",
+)
+@click.option(
+    "--oversubscription",
+    "oversubscriptions",
+    default="1",
+    show_default=True,
+    callback=_floats,
+    help="With --racks: rack uplink oversubscriptions (uplink rate = rate × workers per "
+    "rack / this), e.g. 1,4.",
 )
 @click.option(
     "--packet-size",
@@ -206,6 +231,8 @@ def run(
     sizes,
     reps,
     methods,
+    racks,
+    oversubscriptions,
     packet_size,
     window,
     mtu,
@@ -218,12 +245,16 @@ def run(
     plot_out,
     md_out,
 ) -> None:
-    """Build the rack, measure every point interleaved, remove the rack."""
+    """Build the rack(s), measure every point interleaved, remove them."""
     from swemu import rack as bc
 
+    if methods is None:
+        methods = ("switchml", "ring", "flat") if racks > 1 else ("switchml", "ring", "ps", "link")
     config = bc.BenchConfig(
         rates_gbps=rates,
         workers=workers,
+        racks=racks,
+        oversubscriptions=oversubscriptions,
         sizes=sizes,
         reps=reps,
         methods=methods,
@@ -251,8 +282,20 @@ def run(
 
     def on_record(r: bc.Record) -> None:
         c = r.counters
+        uplinks = ""
+        if racks > 1:
+            up = [c.get(f"rackup{k}_bytes", 0) / r.nbytes for k in range(racks)]
+            down = [c.get(f"rackdown{k}_bytes", 0) / r.nbytes for k in range(racks)]
+            uplinks = (
+                f"uplinks {r.oversubscription:g}:1 up "
+                + "/".join(f"{v:.2f}" for v in up)
+                + " down "
+                + "/".join(f"{v:.2f}" for v in down)
+                + " S  "
+            )
         terminal.info(
             f"rep {r.rep}  {r.rate_gbps:g} Gb/s  W={r.workers}  {r.nbytes / 2**20:g} MiB  "
+            f"{uplinks}"
             f"{r.method:8s} {r.time * 1e3:8.1f} ms (ideal {r.ideal * 1e3:7.1f}, "
             f"busiest link {c.get('busiest_link_bytes', 0) * 8 / r.rate_gbps / 1e6:7.1f})  "
             f"{'ok' if r.ok else 'WRONG'}  retx {r.retransmissions} "
@@ -283,7 +326,12 @@ def run(
         why = str(exc) or "interrupted"
         raise CLIError(f"{why}; the rack was removed{save_partial()}", code=code) from None
     rows = bc.summarize(records)
-    table = bc.markdown_table(rows)
+    if racks > 1:
+        hosts = max(workers) // racks
+        _predict(rows, hosts, packet_size, window, mtu)
+        table = bc.fabric_table(rows, hosts)
+    else:
+        table = bc.markdown_table(rows)
     terminal.out.print(table, markup=False, highlight=False, soft_wrap=True)
     faithful = bc.faithful_up_to(rows)
     for method, rate in faithful.items():
@@ -308,3 +356,21 @@ def run(
     terminal.success("wrote " + ", ".join(written))
     if not all(r.ok for r in records):
         raise CLIError("some results were wrong (see the table)")
+
+
+def _predict(
+    rows: list[dict], hosts: int, packet_size: int, window: int | None, mtu: int
+) -> dict[tuple, float]:
+    """The scale model's two-level prediction of every fabric point with a flat
+    switch beside it (:func:`swemu.model.racks.predict_rows`), written into the
+    rows and returned for the table."""
+    from hostlib.client import default_window
+    from swemu.model.racks import predict_rows
+
+    return predict_rows(
+        rows,
+        hosts=hosts,
+        values_per_packet=32 << packet_size,
+        window_of=lambda w: window or default_window(packet_size, w),
+        mtu=mtu,
+    )

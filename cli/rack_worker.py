@@ -18,16 +18,20 @@ processes. The driver then steers it with JSON lines on stdin:
 and reads one ``CLUSTER {json}`` line per command on stdout (other output is
 ignored), so the driver can sample CPU counters exactly around the timed part.
 
-Methods: ``switchml`` (hostlib through the emulator), ``ring`` (gloo
-``all_reduce``, a ring), ``ps`` (a parameter server at rank 0 built from gloo
-point-to-point messages, pipelined in chunks), ``link`` (rank 1 sends S bytes to
-rank 0: a calibration of one shaped link).
+Methods: ``switchml`` (hostlib through the worker's own switch: the rack's, a
+child of the root's with several racks), ``ring`` (gloo ``all_reduce``, a ring),
+``ps`` (a parameter server at rank 0 built from gloo point-to-point messages,
+pipelined in chunks), ``link`` (rank 1 sends S bytes to rank 0: a calibration of
+one shaped link), ``flat`` (hostlib through the flat switch, which serves every
+worker over a second link).
 
 Configuration comes from the environment (set by the driver): ``CLUSTER_RANK``,
 ``CLUSTER_SIZE`` (processes), ``CLUSTER_WORLDS`` (comma list of W), ``CLUSTER_IP``
 (this worker's address), ``CLUSTER_GLOO_INIT`` (``tcp://rank0-ip:port``),
 ``CLUSTER_SWITCH``, ``CLUSTER_CONTROL``, ``CLUSTER_SESSION`` (base session id),
-``CLUSTER_PACKET_SIZE``, ``CLUSTER_WINDOW``; ``GLOO_SOCKET_IFNAME`` names the veth.
+``CLUSTER_PACKET_SIZE``, ``CLUSTER_WINDOW``, and for ``flat`` ``CLUSTER_FLAT_IP``,
+``CLUSTER_FLAT_SWITCH``, ``CLUSTER_FLAT_CONTROL`` (empty: no flat switch);
+``GLOO_SOCKET_IFNAME`` names the veth.
 """
 
 from __future__ import annotations
@@ -76,23 +80,29 @@ class Worker:
         )
         # every rank creates every group, in the same order (torch requires it)
         self.groups = {w: dist.new_group(list(range(w))) for w in self.worlds}
-        self.contexts: dict[int, hostlib.Context] = {}
+        # per switch the worker uses, a hostlib context per W (its own switch's, the flat one's)
+        self.contexts: dict[str, dict[int, hostlib.Context]] = {"switchml": {}, "flat": {}}
         base = int(env["CLUSTER_SESSION"])
-        for w in self.worlds:  # ascending W on every rank: joins cannot deadlock
-            if self.rank >= w:
-                continue
-            ctx = hostlib.connect(
-                switch=env["CLUSTER_SWITCH"],
-                control=env["CLUSTER_CONTROL"],
-                rank=self.rank,
-                world_size=w,
-                packet_size=self.packet_size,
-                window=int(env["CLUSTER_WINDOW"]) if env.get("CLUSTER_WINDOW") else None,
-                session_id=base + w,
-                bind=env["CLUSTER_IP"],
-            )
-            ctx.open()
-            self.contexts[w] = ctx
+        switches = [("switchml", env["CLUSTER_SWITCH"], env["CLUSTER_CONTROL"], env["CLUSTER_IP"])]
+        if env.get("CLUSTER_FLAT_SWITCH"):
+            flat = env["CLUSTER_FLAT_SWITCH"], env["CLUSTER_FLAT_CONTROL"], env["CLUSTER_FLAT_IP"]
+            switches.append(("flat", *flat))
+        for k, (method, switch, control, ip) in enumerate(switches):
+            for w in self.worlds:  # ascending W on every rank: joins cannot deadlock
+                if self.rank >= w:
+                    continue
+                ctx = hostlib.connect(
+                    switch=switch,
+                    control=control,
+                    rank=self.rank,
+                    world_size=w,
+                    packet_size=self.packet_size,
+                    window=int(env["CLUSTER_WINDOW"]) if env.get("CLUSTER_WINDOW") else None,
+                    session_id=base + 64 * k + w,
+                    bind=ip,
+                )
+                ctx.open()
+                self.contexts[method][w] = ctx
         self.step: dict[str, Any] = {}
 
     def warm_up(self) -> None:
@@ -101,12 +111,14 @@ class Worker:
 
         from swemu.protocol.worker.testdata import check_result, worker_input
 
-        for w, ctx in self.contexts.items():
-            x = worker_input(self.rank, 4096, 0, np.float32)
-            y = ctx.allreduce(x)
-            check_result(y, w, 0, 32 << self.packet_size)
-            t = torch.ones(1024)
-            self.dist.all_reduce(t, group=self.groups[w])
+        for contexts in self.contexts.values():
+            for w, ctx in contexts.items():
+                x = worker_input(self.rank, 4096, 0, np.float32)
+                y = ctx.allreduce(x)
+                check_result(y, w, 0, 32 << self.packet_size)
+        for w in self.worlds:
+            if self.rank < w:
+                self.dist.all_reduce(torch.ones(1024), group=self.groups[w])
 
     # ---------------------------------------------------------------- commands
     def prepare(self, w: int, method: str, nbytes: int, iteration: int) -> None:
@@ -117,7 +129,7 @@ class Worker:
         n = nbytes // 4
         x = worker_input(self.rank, n, iteration, np.float32)
         step: dict[str, Any] = {"w": w, "method": method, "n": n, "iteration": iteration, "x": x}
-        if method == "switchml":
+        if method in self.contexts:
             # written now, so that no page faults fall into the timed call (np.zeros
             # maps untouched zero pages: the allreduce would fault in every one)
             step["out"] = np.empty(n, np.float32)
@@ -139,8 +151,8 @@ class Worker:
         w, method = s["w"], s["method"]
         group = self.groups[w]
         stats: dict[str, int] = {}
-        if method == "switchml":
-            ctx = self.contexts[w]
+        if method in self.contexts:
+            ctx = self.contexts[method][w]
             tick = np.zeros(1, np.int32)
             ctx.allreduce(tick, out=tick)  # barrier through the switch
             t0 = time.perf_counter()
@@ -211,13 +223,14 @@ class Worker:
             return {"ok": ok, "worst": 0.0}
         out = s["out"]
         y = out if isinstance(out, np.ndarray) else out.numpy()
-        nvals = 32 << self.packet_size if s["method"] == "switchml" else 1
+        nvals = 32 << self.packet_size if s["method"] in self.contexts else 1
         ok, worst = check_result(y, s["w"], s["iteration"], nvals)
         return {"ok": ok, "worst": worst}
 
     def close(self) -> None:
-        for ctx in self.contexts.values():
-            ctx.close()
+        for contexts in self.contexts.values():
+            for ctx in contexts.values():
+                ctx.close()
         self.dist.destroy_process_group()
 
 

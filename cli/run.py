@@ -8,6 +8,9 @@ with what torchrun would set (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 GROUP_RANK, ROLE_RANK, MASTER_ADDR and a free MASTER_PORT, OMP_NUM_THREADS=1
 unless set) and SWITCHML_* naming the switch, so the program can call
 ``hostlib.from_env()`` or ``dist.init_process_group("switchml")``.
+``--racks R`` runs the job through a local two-level fabric (docs/protocol.md
+§7): a root emulator and R emulators under it, the ranks in R blocks, each block
+registered at its own rack's emulator.
 
 Start-up: the local emulator and one warm-up process (``cli.worker
 --warm-up``) start side by side; each compiles its kernels, or loads them from
@@ -88,6 +91,14 @@ from .terminal import SIZE, CLIError, terminal
     help="Data-plane processes of the local emulator (switchml-emu serve --shards).",
 )
 @click.option(
+    "--racks",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 32),
+    help="Run through a local two-level fabric: a root emulator and this many rack "
+    "emulators under it (serve --parent), the workers split between them rank by rank.",
+)
+@click.option(
     "--no-progress",
     default=10.0,
     show_default=True,
@@ -112,6 +123,7 @@ def run(
     packet_size,
     window,
     shards,
+    racks,
     no_progress,
     json_out,
     command,
@@ -125,6 +137,11 @@ def run(
         raise CLIError("--control needs --switch (the data plane of the same switch)")
     if switch and shards != 1:
         raise CLIError("--shards sets up the local emulator; a given --switch has its own")
+    if racks > 1 and (switch or shards != 1 or racks > workers):
+        raise CLIError(
+            "--racks builds a local fabric of single-process emulators: not with --switch "
+            "or --shards, and at most one rack per worker"
+        )
     if switch:
         host = _resolved("--switch", switch, 48864, ipv4=True)
         if control:
@@ -155,9 +172,11 @@ def run(
             switch, control = emu.switch, emu.control
             shown = f"{switch} (+{shards - 1} shards on the next ports)" if shards > 1 else switch
             terminal.info(f"emulator: data {shown}, control {control}")
+        children = _start_racks(emu, racks, stack) if racks > 1 else []
         title = (
             f"switchml run: {workers} workers, {size / 2**20:g} MiB {dtype}, "
             f"size code {packet_size}, window {window}"
+            + (f", through {racks} rack switches under a root" if children else "")
         )
         view = stack.enter_context(_RowView(title, size, workers)) if not command else None
         failure = _launch(
@@ -173,6 +192,7 @@ def run(
             command,
             local,
             view,
+            children,
         )
     if command:
         if failure:
@@ -372,6 +392,24 @@ class _Lines:
         return text
 
 
+def _start_racks(root, racks: int, stack) -> list:
+    """``racks`` emulators under ``root`` (``serve --parent``: a two-level fabric,
+    docs/protocol.md §7), started side by side; stopped on exit, before the root."""
+    import time
+
+    from swemu.launch import EmulatorProcess
+
+    children = [EmulatorProcess("--parent", root.control) for _ in range(racks)]
+    for child in children:
+        stack.callback(child.stop)
+        child.begin()
+    while not all([c.poll_ready() for c in children]):
+        time.sleep(0.05)
+    for k, child in enumerate(children):
+        terminal.info(f"rack {k} emulator: data {child.switch}, control {child.control}")
+    return children
+
+
 def _switch_packet_size(control: str) -> int:
     """The default size code for a given switch: its controller's answer
     (an emulator names its fastest; hardware, or a controller without the
@@ -408,6 +446,7 @@ def _launch(
     command,
     local,
     view,
+    children=(),
 ) -> str | None:
     """Start the workers, wait for them, feed their per-iteration reports to
     ``view`` as they come; with a ``command``, pass each rank's output on line
@@ -419,7 +458,8 @@ def _launch(
     stopped at once (SIGTERM, SIGKILL after :data:`STOP_GRACE` seconds), as
     torchrun does, rather than left to give up on the switch one by one.
     With a ``local`` emulator (which warns about small socket buffers for
-    this machine) the workers do not repeat the warning."""
+    this machine) the workers do not repeat the warning. With rack switches
+    (``children``, :func:`_start_racks`) rank r uses rack ``r * racks // workers``'s."""
     import json
     import random
     import signal
@@ -435,6 +475,9 @@ def _launch(
     launcher = torchrun_envs(workers)
     procs = []
     for rank in range(workers):
+        if children:
+            rack = children[rank * len(children) // workers]
+            switch, control = rack.switch, rack.control
         env = child_env(
             **launcher[rank],
             SWITCHML_SWITCH=switch,

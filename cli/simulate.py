@@ -524,3 +524,45 @@ def check(ctx, workers, size, iters, from_json, background, json_out) -> None:
         f"{r['retransmissions_predicted']} retransmissions): error {r['error_loaded']:+.0%}"
     )
     _write_json(json_out, r)
+
+
+@simulate.command()
+@click.argument("cluster_json", type=click.Path(exists=True, dir_okay=False))
+@click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False))
+def racks(cluster_json, json_out) -> None:
+    """The two-level tree's prediction beside a `switchml cluster run --racks` JSON.
+
+    The model is calibrated on the run's own flat switch (one switch serving every
+    worker over the same links): the host cost that makes the one-switch model
+    take its measured time; the fabric's prediction is the two-level tree with
+    that cost (bench/SIMULATION.md)."""
+    import json
+
+    from hostlib.client import default_window
+    from swemu.model.racks import predict_rows
+    from swemu.rack import fabric_table
+
+    try:
+        with open(cluster_json) as f:
+            doc = json.load(f)
+        cfg, rows = doc["config"], doc["summary"]
+        hosts = max(cfg["workers"]) // cfg["racks"]
+        code, window = cfg["packet_size"], cfg["window"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CLIError(
+            f"{cluster_json} is not a `switchml cluster run --racks` JSON: {exc}"
+        ) from None
+    if cfg["racks"] < 2:
+        raise CLIError(f"{cluster_json} measured one rack: there is no two-level tree to predict")
+    predicted = predict_rows(
+        rows,
+        hosts=hosts,
+        values_per_packet=32 << code,
+        window_of=lambda w: window or default_window(code, w),
+        mtu=cfg["mtu"],
+    )
+    if not predicted:
+        raise CLIError(f"{cluster_json} has no fabric point with a flat switch beside it")
+    table = fabric_table(rows, hosts)
+    terminal.out.print(table, markup=False, highlight=False, soft_wrap=True)
+    _write_json(json_out, rows)

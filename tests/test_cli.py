@@ -188,6 +188,20 @@ def test_run_with_a_sharded_emulator(tmp_path):
     assert all(i["ok"] for i in json.loads(out.read_text())["iters"])
 
 
+def test_run_through_a_local_two_level_fabric(tmp_path):
+    """--racks 2: a root emulator and two rack emulators under it; workers 0, 1
+    register at rack 0's, 2, 3 at rack 1's, and every sum is exact."""
+    out = tmp_path / "run.json"
+    argv = [*SWITCHML, "run", "-n", "4", "--racks", "2", "--size", "1Mi", "--iters", "2"]
+    p = run([*argv, "--dtype", "int32", "--json", str(out)])
+    assert p.returncode == 0, p.stderr
+    assert "rack 0 emulator" in p.stderr and "rack 1 emulator" in p.stderr
+    assert "verified 2 results" in p.stderr
+    assert all(i["ok"] for i in json.loads(out.read_text())["iters"])
+    p = run([*SWITCHML, "run", "-n", "2", "--racks", "3"], timeout=60)
+    assert p.returncode == 1 and "--racks" in one_line_error(p)
+
+
 def test_run_command_mode_sets_the_environment(tmp_path):
     script = tmp_path / "user.py"
     script.write_text(

@@ -180,3 +180,106 @@ def test_results_json_roundtrip(tmp_path):
     pytest.importorskip("matplotlib")
     bc.plot_speedup(rows, tmp_path / "c.png")
     assert (tmp_path / "c.png").stat().st_size > 1000
+
+
+def test_ideal_times_across_racks_follow_the_busiest_uplink():
+    s, b = 64 << 20, 0.25
+    t = 8 * s / (b * 1e9)
+    for over in (1.0, 4.0):  # racks of 4: the uplink at 4B/over carries S (fabric), 1.75 S (ring)
+        kw = {"hosts": 4, "oversubscription": over}
+        assert bc.ideal_time("switchml", 8, s, b, **kw) == pytest.approx(t)
+        assert bc.ideal_time("ring", 8, s, b, **kw) == pytest.approx(1.75 * t)
+        assert bc.ideal_time("flat", 8, s, b, **kw) == pytest.approx(t)
+    # 8:1, the uplink at B/2: the fabric's S and the ring's 1.75 S take twice as long
+    assert bc.ideal_time("switchml", 8, s, b, hosts=4, oversubscription=8) == pytest.approx(2 * t)
+    assert bc.ideal_time("ring", 8, s, b, hosts=4, oversubscription=8) == pytest.approx(3.5 * t)
+    # rank 0's rack uplink brings the other rack's 4 tensors to the parameter server
+    assert bc.ideal_time("ps", 8, s, b, hosts=4, oversubscription=8) == pytest.approx(8 * t)
+    # W inside one rack: no uplink on the way
+    assert bc.ideal_time("ring", 4, s, b, hosts=4, oversubscription=8) == pytest.approx(1.5 * t)
+
+
+def test_racks_topology_routes_and_shapes(netns):
+    """Two racks of two, a root and the flat switch: the addresses, every host
+    reaches the others across the racks and its own switch, the root reaches each
+    rack's switch (where a child's uplink socket lives), and each link direction
+    is shaped at its rate (the uplinks at hosts × rate / oversubscription)."""
+    prefix = bc.default_prefix()
+
+    def reach(ns: str, src: str, dst: str) -> bool:
+        code = (
+            "import socket\ns = socket.socket()\ns.settimeout(5)\ns.bind((%r, 0))\n"
+            "try:\n    s.connect((%r, 9))\nexcept ConnectionRefusedError:\n    pass\n"
+        ) % (src, dst)
+        return (
+            subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code]).returncode == 0
+        )
+
+    def rate(ns: str, dev: str) -> float:
+        out = subprocess.run(
+            ["tc", "-j", "-n", ns, "qdisc", "show", "dev", dev], capture_output=True, text=True
+        ).stdout
+        (tbf,) = [q for q in json.loads(out) if q["kind"] == "tbf"]
+        return tbf["options"]["rate"] * 8 / 1e9  # bytes/s
+
+    with bc.Rack(4, racks=2, flat=True, prefix=prefix) as rack:
+        rack.shape(bc.Shaping(0.5), oversubscription=4)
+        assert [rack.rack_of(i) for i in range(4)] == [0, 0, 1, 1]
+        assert rack.worker_ip(3) == "10.201.1.11" and rack.worker_switch_ip(3) == "10.201.1.1"
+        assert rack.switch_ip == "10.201.2.1" and rack.flat_ip == "10.201.3.1"
+        assert reach(rack.worker_ns(0), rack.worker_ip(0), rack.worker_ip(3))
+        assert reach(rack.worker_ns(3), rack.worker_ip(3), rack.worker_switch_ip(3))
+        assert reach(rack.switch_ns, rack.switch_ip, rack.rack_switch_ip(1))
+        assert reach(rack.rack_switch_ns(0), rack.rack_switch_ip(0), rack.switch_ip)
+        assert reach(rack.worker_ns(2), rack.worker_flat_ip(2), rack.flat_ip)
+        assert rate(rack.worker_ns(1), rack.worker_if(1)) == pytest.approx(0.5)
+        assert rate(rack.rack_switch_ns(1), rack.switch_port(3)) == pytest.approx(0.5)
+        assert rate(rack.flat_ns, rack.flat_port(2)) == pytest.approx(0.5)
+        assert rate(rack.rack_switch_ns(1), rack.uplink_if(1)) == pytest.approx(0.25)
+        assert rate(rack.switch_ns, rack.root_port(0)) == pytest.approx(0.25)
+        rack.shape(bc.Shaping(0.5))  # 1:1, in place
+        assert rate(rack.switch_ns, rack.root_port(0)) == pytest.approx(1.0)
+        names = set(rack.link_counters())
+        assert names == {
+            f"{d}{i}" for d in ("up", "down", "flatup", "flatdown") for i in range(4)
+        } | {"rackup0", "rackup1", "rackdown0", "rackdown1"}
+        assert set(rack.link_counters(2)) == names - {
+            f"{d}{i}" for d in ("up", "down", "flatup", "flatdown") for i in (2, 3)
+        }
+    assert bc.leftovers(prefix) == []
+
+
+def test_two_racks_fabric_ring_and_one_switch(netns, tmp_path):
+    """`switchml cluster run --racks 2`: a root, a child switch per rack and the
+    flat switch; W = 4 in racks of 2 at a high rate, uplinks 1:1 and 2:1. Every
+    result checks; the fabric's and the ring's traffic crossed both uplinks in both
+    directions (the fabric's partial aggregates up, the results down), the flat
+    switch's none; the table shows the model's prediction beside each fabric point;
+    nothing is left behind. Results, not speed."""
+    pytest.importorskip("torch")
+    out = tmp_path / "racks.json"
+    argv = ["cluster", "run", "--racks", "2", "--workers", "4", "--rates", "2", "--sizes"]
+    argv += ["1Mi", "--reps", "1", "--oversubscription", "1,2", "--json", str(out), "--plot", ""]
+    r = CliRunner().invoke(switchml, argv, catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    recs = doc["records"]
+    assert sorted((x["method"], x["oversubscription"]) for x in recs) == sorted(
+        (m, o) for m in ("switchml", "ring", "flat") for o in (1.0, 2.0)
+    )
+    nbytes = 1 << 20
+    for x in recs:
+        assert x["ok"], x
+        c = x["counters"]
+        uplinks = [c[f"rack{d}{k}_bytes"] for d in ("up", "down") for k in (0, 1)]
+        if x["method"] == "flat":
+            assert max(uplinks) < 0.05 * nbytes
+        elif x["method"] == "ring":
+            assert min(uplinks) >= 1.5 * nbytes  # 2(W-1)/W of the tensor, headers on top
+        else:
+            assert min(uplinks) >= nbytes
+    fabric = [row for row in doc["summary"] if row["method"] == "switchml"]
+    assert len(fabric) == 2 and all(row["model_s"] > 0 for row in fabric)
+    assert "| 2 Gb/s | 4 Gb/s (1:1) | 4 | 1 MiB |" in r.output
+    assert "| 2 Gb/s | 2 Gb/s (2:1) | 4 | 1 MiB |" in r.output
+    assert bc.leftovers(bc.default_prefix()) == []

@@ -159,6 +159,67 @@ def test_switchml_time_is_constant_as_workers_are_added():
     assert ring[0] < ring[1] < ring[2]
 
 
+def test_framing_is_what_the_link_counts():
+    """tbf counts an IP packet and its Ethernet header only: 14 bytes of framing."""
+    assert sim.switchml_wire_bytes(2048, framing=14) == 8192 + 10 + 28 + 14
+    net = sim.Network(gbps=1, framing=14)
+    r = sim.switchml_allreduce(64 * MiB, 8, net, lossless(2048, window=64), is_float=False)
+    assert r.detail["wire_bytes_per_packet"] == 8244
+    assert r.time == pytest.approx(64 * MiB / 8192 * 8244 / net.bytes_per_s, rel=2e-3)
+    with pytest.raises(ValueError, match="framing"):
+        sim.Network(framing=-1)
+
+
+def test_racks_prediction_is_calibrated_on_the_one_switch():
+    """swemu.model.racks: the host cost fitted on the one switch's measurement
+    reproduces it; a tree whose uplinks keep up (1:1, 4:1 with racks of 4) then
+    predicts the one switch's time, a slower uplink (8:1) twice it, and the ring
+    its 2(W-1)/W over links that carry the same headers."""
+    from swemu.model.racks import RackRun, fit_host_cost, predict
+
+    run = RackRun(0.25, 8, 4, 1.0, 64 * MiB, 2048, 47)
+    links = run.switchml(0.0, two_level=False)
+    assert fit_host_cost(run, 0.9 * links) == 0.0  # faster than the links: nothing to fit
+    measured = 1.2 * links
+    p = predict(run, measured)
+    assert p.host_cost > 0 and p.one_switch == pytest.approx(measured, rel=1e-6)
+    assert p.fabric == pytest.approx(measured, rel=0.01)
+    assert p.links_only == pytest.approx(links, rel=0.01)
+    four = predict(replace(run, oversubscription=4.0), measured)
+    assert four.fabric == pytest.approx(measured, rel=0.01)
+    eight = predict(replace(run, oversubscription=8.0), links)
+    assert eight.fabric == pytest.approx(2 * links, rel=0.02)
+    assert p.ring / p.links_only == pytest.approx(1.75 * (9014 / 8948) / (8244 / 8192), rel=0.01)
+
+
+def test_racks_command_predicts_beside_a_cluster_json(tmp_path):
+    """`switchml simulate racks FILE`: the prediction beside a saved
+    `switchml cluster run --racks` JSON (here made from records, no namespaces)."""
+    from swemu import rack as bc
+
+    s, rate = 64 * MiB, 0.25
+    recs = [
+        bc.Record(
+            0, rate, 8, s, m, t, 1.0, True, 0.0, 0, {"rackup0_bytes": b, "rackdown0_bytes": b}, o
+        )
+        for o in (1.0, 4.0)
+        for m, t, b in (("switchml", 2.3, 1.01 * s), ("ring", 4.0, 1.77 * s), ("flat", 2.25, 0))
+    ]
+    config = bc.BenchConfig(
+        rates_gbps=(rate,), workers=(8,), racks=2, oversubscriptions=(1.0, 4.0), sizes=(s,)
+    )
+    path = tmp_path / "racks.json"
+    bc.write_json(path, config, recs, bc.summarize(recs))
+    r = CliRunner().invoke(switchml, ["simulate", "racks", str(path)], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert "| 0.25 Gb/s | 0.25 Gb/s (4:1) | 8 | 64 MiB | 2300 (1000) |" in r.output
+    assert "| 1.01 / 1.01 | 1.77 / 1.77 | 2250 (-2%) / " in r.output  # calibrated on the flat 2250
+    one = tmp_path / "one.json"
+    bc.write_json(one, bc.BenchConfig(), recs[:1], bc.summarize(recs[:1]))
+    r = CliRunner().invoke(switchml, ["simulate", "racks", str(one)])
+    assert r.exit_code != 0 and "one rack" in r.output
+
+
 # --------------------------------------------------------------- overlap
 def test_compute_bound_iteration_is_the_compute_time():
     model = sim.resnet50()

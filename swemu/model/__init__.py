@@ -64,8 +64,10 @@ One module per job: :mod:`.network` (framing, event loop, links, results),
 reference), :mod:`.ring`, :mod:`.ps`, :mod:`.zoo` (the models' profiles),
 :mod:`.iteration` (training iterations), :mod:`.loopback` (the emulator's
 loopback setup), :mod:`.calibrate` (what a packet costs here, measured),
-:mod:`.reports` (the reproduction and its report). The names below are the
-package's public ones; ``switchml simulate`` is the command.
+:mod:`.reports` (the reproduction and its report), :mod:`.racks` (the two-level
+tree's prediction of ``switchml cluster run --racks``, calibrated on its run).
+The names below are the package's public ones; ``switchml simulate`` is the
+command.
 
 May import: swemu.protocol, swemu.core, swemu.launch (the reference drives both
 sides' sans-IO engines, the switch's and the worker's of swemu.protocol.worker;

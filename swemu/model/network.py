@@ -21,9 +21,11 @@ IPV4_TCP = 20 + 32
 PARAM_BYTES = 4  # float32 gradients; SwitchML sends int32 of the same size
 
 
-def switchml_wire_bytes(values_per_packet: int) -> int:
-    """Bytes one SwitchML packet of ``values_per_packet`` int32 takes on an Ethernet link."""
-    return 4 * values_per_packet + SWITCHML_HEADER + IPV4_UDP + ETHERNET_FRAMING
+def switchml_wire_bytes(values_per_packet: int, framing: int = ETHERNET_FRAMING) -> int:
+    """Bytes one SwitchML packet of ``values_per_packet`` int32 takes on an Ethernet link
+    (``framing``: what the link adds to an IP packet; 14 where only the header counts,
+    as Linux's tbf counts)."""
+    return 4 * values_per_packet + SWITCHML_HEADER + IPV4_UDP + framing
 
 
 def switchml_overhead(values_per_packet: int) -> float:
@@ -31,10 +33,10 @@ def switchml_overhead(values_per_packet: int) -> float:
     return switchml_wire_bytes(values_per_packet) / (4 * values_per_packet) - 1.0
 
 
-def tcp_wire_factor(mtu: int = 1500) -> float:
+def tcp_wire_factor(mtu: int = 1500, framing: int = ETHERNET_FRAMING) -> float:
     """Wire bytes per payload byte of a bulk TCP stream at this MTU (1.062 at 1500)."""
     payload = mtu - IPV4_TCP
-    return (mtu + ETHERNET_FRAMING) / payload
+    return (mtu + framing) / payload
 
 
 # ------------------------------------------------------------- event engine
@@ -103,6 +105,9 @@ class Network:
     NIC and switch latency). With ``rack_size`` set, workers sit in racks of that
     many under rack switches, which connect to one spine (``spine_rtt`` more
     round trip; rack uplinks carry ``rack_size · B / oversubscription``).
+    ``framing``: the bytes a link adds to each IP packet (a real Ethernet's
+    header, FCS, preamble and gap; 14 for links shaped by Linux's tbf, which
+    counts the header only).
     """
 
     gbps: float = 100.0
@@ -110,6 +115,7 @@ class Network:
     rack_size: int | None = None
     spine_rtt: float = 2e-6
     oversubscription: float = 1.0
+    framing: int = ETHERNET_FRAMING
 
     def __post_init__(self) -> None:
         if self.gbps <= 0 or self.rtt < 0 or self.spine_rtt < 0:
@@ -118,6 +124,8 @@ class Network:
             raise ValueError("rack_size must be at least 1")
         if self.oversubscription < 1:
             raise ValueError("oversubscription must be at least 1")
+        if self.framing < 0:
+            raise ValueError("framing must not be negative")
 
     @property
     def bytes_per_s(self) -> float:

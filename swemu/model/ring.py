@@ -45,7 +45,7 @@ def ring_allreduce(
     if net.racks(workers) > 1:
         rate = min(rate, net.uplink_bytes_per_s(workers) * cfg.efficiency)
         alpha += net.spine_rtt / 2
-    seg = nbytes / workers * tcp_wire_factor(cfg.mtu)
+    seg = nbytes / workers * tcp_wire_factor(cfg.mtu, net.framing)
     step = alpha + seg / rate
     ev = EventLoop()
     steps = 2 * (workers - 1)

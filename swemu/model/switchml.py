@@ -58,7 +58,8 @@ class _Stages:
 
 def _stages(workers: int, net: Network, cfg: SwitchMLConfig) -> _Stages:
     """The tandem of FIFO stages one chunk goes through after the host."""
-    tau = switchml_wire_bytes(cfg.values_per_packet) / net.bytes_per_s
+    wire = switchml_wire_bytes(cfg.values_per_packet, net.framing)
+    tau = wire / net.bytes_per_s
     per_pkt = 1.0 / cfg.switch_pps
     d = net.rtt / 2
     racks = net.racks(workers)
@@ -68,7 +69,7 @@ def _stages(workers: int, net: Network, cfg: SwitchMLConfig) -> _Stages:
         links = 1
     else:
         r = min(net.rack_size or workers, workers)
-        tau_up = switchml_wire_bytes(cfg.values_per_packet) / net.uplink_bytes_per_s(workers)
+        tau_up = wire / net.uplink_bytes_per_s(workers)
         ds = net.spine_rtt / 2
         # worker uplink, rack switch (r packets in), rack uplink, spine (one packet
         # per rack), spine downlink, rack switch (the spine's result in), downlink
@@ -238,7 +239,7 @@ def switchml_allreduce(
         {
             "window": window,
             "packets_per_worker": npkts,
-            "wire_bytes_per_packet": switchml_wire_bytes(cfg.values_per_packet),
+            "wire_bytes_per_packet": switchml_wire_bytes(cfg.values_per_packet, net.framing),
             "overhead": switchml_overhead(cfg.values_per_packet),
             "retransmission_delay": float(extra.sum()) if extra.size else 0.0,
             "racks": net.racks(workers),

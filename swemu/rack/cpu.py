@@ -62,13 +62,14 @@ class CPUSample:
 
     def since(self, start: CPUSample) -> dict[str, float]:
         """Utilisation between ``start`` and this sample: the machine's busy fraction
-        of all cores, and cores used by the emulator and by all our processes."""
+        of all cores, and cores used by the emulators (every process named
+        ``emulator...``) and by all our processes."""
         wall = max(self.wall - start.wall, 1e-9)
         used = {k: self.procs[k] - start.procs.get(k, 0.0) for k in self.procs}
         return {
             "machine_busy": min(
                 1.0, (self.busy - start.busy) / max(self.total - start.total, 1e-9)
             ),
-            "emulator_cores": used.get("emulator", 0.0) / wall,
+            "emulator_cores": sum(v for k, v in used.items() if k.startswith("emulator")) / wall,
             "ours_cores": sum(used.values()) / wall,
         }

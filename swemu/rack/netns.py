@@ -19,7 +19,7 @@ from pathlib import Path
 
 PREFIX_RE = re.compile(r"^swml(\d+)-")
 ETH_HEADER = 14  # tc counts L2 bytes
-METHODS = ("switchml", "ring", "ps", "link")
+METHODS = ("switchml", "ring", "ps", "link", "flat")
 SWITCH_UDP_PORT = 48864
 SWITCH_CONTROL_PORT = 50099
 GLOO_PORT = 29500

@@ -32,20 +32,25 @@ def plot_speedup(rows: Sequence[dict[str, Any]], path: str | Path) -> None:
     ):
         grid = [w / 10 for w in range(10, 10 * max(ws, default=8) + 1)]  # from W = 1
         ax.plot(grid, [theory(w) for w in grid], "k--", label="link-bound theory")
+        overs = sorted({s["oversubscription"] for s in sp})
         for rate in sorted({s["rate_gbps"] for s in sp}):
-            for nbytes in sorted({s["nbytes"] for s in sp}):
-                pts = [
-                    s
-                    for s in sp
-                    if s["rate_gbps"] == rate and s["nbytes"] == nbytes and f"vs_{other}" in s
-                ]
-                if pts:
-                    ax.plot(
-                        [p["workers"] for p in pts],
-                        [p[f"vs_{other}"] for p in pts],
-                        marker="o",
-                        label=f"{rate:g} Gb/s, {_mib(nbytes)}",
-                    )
+            for over in overs:
+                for nbytes in sorted({s["nbytes"] for s in sp}):
+                    pts = [
+                        s
+                        for s in sp
+                        if (s["rate_gbps"], s["oversubscription"], s["nbytes"])
+                        == (rate, over, nbytes)
+                        and f"vs_{other}" in s
+                    ]
+                    if pts:
+                        uplinks = f", uplinks {over:g}:1" if overs != [1.0] else ""
+                        ax.plot(
+                            [p["workers"] for p in pts],
+                            [p[f"vs_{other}"] for p in pts],
+                            marker="o",
+                            label=f"{rate:g} Gb/s, {_mib(nbytes)}{uplinks}",
+                        )
         ax.axhline(1.0, color="grey", lw=0.5)
         ax.set_xlabel("workers W")
         ax.set_ylabel(f"time({other}) / time(SwitchML)")

@@ -1,4 +1,5 @@
-"""The run: the emulator in the switch namespace, one rack worker (``cli.rack_worker``)
+"""The run: the emulators (the rack's switch; with several racks a root and a child
+per rack, ``serve --parent``; the flat switch), one rack worker (``cli.rack_worker``)
 per worker namespace, the interleaved schedule of methods and sizes, the records.
 
 Part of the emulated rack (:mod:`swemu.rack`).
@@ -44,6 +45,8 @@ class BenchConfig:
 
     rates_gbps: Sequence[float] = (0.5, 1.0, 2.5)
     workers: Sequence[int] = (2, 4, 8)
+    racks: int = 1  # max(workers) split rack by rack; > 1: a fabric (a child switch per rack)
+    oversubscriptions: Sequence[float] = (1.0,)  # of the rack uplinks (racks > 1)
     sizes: Sequence[int] = (16 << 20, 64 << 20)
     reps: int = 5
     methods: Sequence[str] = METHODS
@@ -71,6 +74,16 @@ class BenchConfig:
             raise ValueError("link rates must be positive")
         if not self.workers or min(self.workers) < 2 or max(self.workers) > 32:
             raise ValueError("worker counts must be in 2..32")
+        if self.racks < 1 or max(self.workers) % self.racks:
+            raise ValueError(
+                f"{max(self.workers)} workers do not split evenly into {self.racks} racks"
+            )
+        if self.racks == 1 and "flat" in self.methods:
+            raise ValueError("method flat (one switch serving every rack) needs --racks 2 or more")
+        if not self.oversubscriptions or min(self.oversubscriptions) < 1:
+            raise ValueError("oversubscriptions must be at least 1 (1: a non-blocking uplink)")
+        if self.racks == 1 and tuple(self.oversubscriptions) != (1.0,):
+            raise ValueError("oversubscription is of rack uplinks: it needs --racks 2 or more")
         if not self.sizes or any(s <= 0 or s % 4 for s in self.sizes):
             raise ValueError("sizes must be positive multiples of 4 bytes (float32)")
         if self.reps < 1:
@@ -83,6 +96,9 @@ class BenchConfig:
             raise ValueError(f"subnet {self.subnet!r} is not three octets like 10.201.0") from None
         if not net.is_private or net.is_loopback:
             raise ValueError(f"subnet {net} is not a private range (10/8, 172.16/12, 192.168/16)")
+        extra = self.racks + 1 if self.racks > 1 else 1 if "flat" in self.methods else 0
+        if int(self.subnet.split(".")[2]) + extra > 255:
+            raise ValueError(f"subnet {net} leaves no room for the next {extra} /24s")
         frame = wire.packet_len(self.packet_size) + 28  # + UDP and IPv4 headers
         if frame > self.mtu:
             raise ValueError(
@@ -91,7 +107,15 @@ class BenchConfig:
             )
 
 
-def ideal_time(method: str, workers: int, nbytes: int, rate_gbps: float) -> float:
+def ideal_time(
+    method: str,
+    workers: int,
+    nbytes: int,
+    rate_gbps: float,
+    *,
+    hosts: int | None = None,
+    oversubscription: float = 1.0,
+) -> float:
     """The link-rate-bound time of one collective of ``nbytes`` per worker.
 
     With S bytes per worker and full-duplex links of B bit/s:
@@ -103,19 +127,27 @@ def ideal_time(method: str, workers: int, nbytes: int, rate_gbps: float) -> floa
       tensors and its uplink W-1 sums; pipelined, both run at once: (W-1) · 8S/B
       (a dedicated server, not a worker, would need W · 8S/B).
     - link: one tensor over one link: 8S/B.
+    - flat: one switch serving every worker, as SwitchML: 8S/B.
+
+    Racks of ``hosts`` workers (ranks placed rack by rack; None: one rack) joined
+    by uplinks of U = hosts · B / ``oversubscription`` bit/s add each method's
+    bytes on the busiest uplink direction over U: S for SwitchML (the rack's
+    partial aggregate up, the result down), 2(W-1)/W · S for the ring (one ring
+    edge enters and one leaves each rack), (W - hosts) · S for the parameter
+    server (rack 0's uplink brings every other rack's tensors to rank 0).
 
     Headers are not counted (SwitchML size code 6: 52 bytes per 8192 of payload on
     the wire, plus one window of exponent packets per float32 call; TCP at MTU
     9000: 66 bytes per 8948), so a perfect run comes within ~1-7% of these.
     """
     t = 8 * nbytes / (rate_gbps * 1e9)
-    factor = {
-        "switchml": 1.0,
-        "ring": 2 * (workers - 1) / workers,
-        "ps": float(workers - 1),
-        "link": 1.0,
-    }[method]
-    return factor * t
+    ring = 2 * (workers - 1) / workers
+    factor = {"switchml": 1.0, "ring": ring, "ps": float(workers - 1), "link": 1.0, "flat": 1.0}
+    on_hosts = factor[method] * t
+    if hosts is None or workers <= hosts or method in ("link", "flat"):
+        return on_hosts
+    uplink = {"switchml": 1.0, "ring": ring, "ps": float(workers - hosts)}[method]
+    return max(on_hosts, uplink * t * oversubscription / hosts)
 
 
 class _Worker:
@@ -181,30 +213,69 @@ class Record:
     worst: float
     retransmissions: int
     counters: dict[str, float] = field(default_factory=dict)  # CPU, link bytes, drops
+    oversubscription: float = 1.0  # of the rack uplinks (several racks)
 
 
-def start_emulator(rack: Rack, tmp: Path, nice: int = 0) -> tuple[subprocess.Popen, Path]:
+def start_emulator(
+    rack: Rack,
+    tmp: Path,
+    nice: int = 0,
+    *,
+    ns: str | None = None,
+    host: str | None = None,
+    parent: str | None = None,
+    name: str = "emulator",
+) -> tuple[subprocess.Popen, Path]:
+    """Start ``switchml-emu serve`` in namespace ``ns`` on ``host`` (default: the
+    rack's top switch), a child of ``parent`` (``HOST:PORT``) if given; wait until it
+    serves. Returns the process and its log (``tmp/<name>.log``)."""
     from swemu.launch import child_env
 
-    ready = tmp / "emulator.json"
-    log = tmp / "emulator.log"
-    argv = [sys.executable, "-m", "cli.main", "serve", "--host", rack.switch_ip]
+    ready = tmp / f"{name}.json"
+    log = tmp / f"{name}.log"
+    argv = [sys.executable, "-m", "cli.main", "serve", "--host", host or rack.switch_ip]
     if nice:  # a real switch does not share its CPU with the workers
         argv = ["nice", "-n", str(nice), *argv]
     argv += ["--port", str(SWITCH_UDP_PORT), "--control-port", str(SWITCH_CONTROL_PORT)]
     argv += ["--log-level", "warning", "--ready-file", str(ready)]
+    if parent:
+        argv += ["--parent", parent]
     with open(log, "wb") as f:
         proc = rack.popen(
-            rack.switch_ns, argv, stdin=subprocess.DEVNULL, stdout=f, stderr=f, env=child_env()
+            ns or rack.switch_ns,
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=f,
+            stderr=f,
+            env=child_env(),
         )
     deadline = time.monotonic() + 120
     while not ready.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
             raise ClusterError(
-                f"the emulator did not start:\n{log.read_text(errors='replace')[-2000:]}"
+                f"the {name} did not start:\n{log.read_text(errors='replace')[-2000:]}"
             )
         time.sleep(0.05)
     return proc, log
+
+
+def start_switches(rack: Rack, tmp: Path, nice: int = 0) -> dict[str, subprocess.Popen]:
+    """Every switch of ``rack``: the top one (``emulator``); with several racks a
+    child of it in each rack's switch namespace (``emulator_rack<k>``,
+    ``serve --parent``: the fabric of docs/protocol.md §7); the flat switch
+    (``emulator_flat``) if the rack has one. Keys name their processes' CPU."""
+    emu, _ = start_emulator(rack, tmp, nice)
+    switches = {"emulator": emu}
+    root = f"{rack.switch_ip}:{SWITCH_CONTROL_PORT}"
+    for k in range(rack.racks if rack.racks > 1 else 0):
+        ns, ip = rack.rack_switch_ns(k), rack.rack_switch_ip(k)
+        name = f"emulator_rack{k}"
+        switches[name], _ = start_emulator(rack, tmp, nice, ns=ns, host=ip, parent=root, name=name)
+    if rack.flat:
+        switches["emulator_flat"], _ = start_emulator(
+            rack, tmp, nice, ns=rack.flat_ns, host=rack.flat_ip, name="emulator_flat"
+        )
+    return switches
 
 
 def _start_workers(rack: Rack, config: BenchConfig, tmp: Path) -> list[_Worker]:
@@ -222,8 +293,11 @@ def _start_workers(rack: Rack, config: BenchConfig, tmp: Path) -> list[_Worker]:
             CLUSTER_WORLDS=",".join(map(str, sorted(set(config.workers)))),
             CLUSTER_IP=rack.worker_ip(r),
             CLUSTER_GLOO_INIT=f"tcp://{rack.worker_ip(0)}:{GLOO_PORT}",
-            CLUSTER_SWITCH=f"{rack.switch_ip}:{SWITCH_UDP_PORT}",
-            CLUSTER_CONTROL=f"{rack.switch_ip}:{SWITCH_CONTROL_PORT}",
+            CLUSTER_SWITCH=f"{rack.worker_switch_ip(r)}:{SWITCH_UDP_PORT}",
+            CLUSTER_CONTROL=f"{rack.worker_switch_ip(r)}:{SWITCH_CONTROL_PORT}",
+            CLUSTER_FLAT_IP=rack.worker_flat_ip(r) if rack.flat else "",
+            CLUSTER_FLAT_SWITCH=f"{rack.flat_ip}:{SWITCH_UDP_PORT}" if rack.flat else "",
+            CLUSTER_FLAT_CONTROL=f"{rack.flat_ip}:{SWITCH_CONTROL_PORT}" if rack.flat else "",
             CLUSTER_SESSION=str(session),
             CLUSTER_PACKET_SIZE=str(config.packet_size),
             CLUSTER_WINDOW=str(config.window or ""),
@@ -247,21 +321,25 @@ def _start_workers(rack: Rack, config: BenchConfig, tmp: Path) -> list[_Worker]:
     return workers
 
 
-def _schedule(config: BenchConfig) -> Iterator[tuple[int, float, int, int, str]]:
-    """(rep, rate, W, size, method), interleaved: every rep visits every point, and
-    the order of rates and methods rotates from rep to rep so that slow drifts of
-    the machine (other load, thermal) spread over all methods alike."""
-    rates, methods = list(config.rates_gbps), list(config.methods)
+def _rotated(items: Sequence[Any], rep: int) -> list[Any]:
+    k = rep % len(items)
+    return list(items[k:]) + list(items[:k])
+
+
+def _schedule(config: BenchConfig) -> Iterator[tuple[int, float, float, int, int, str]]:
+    """(rep, rate, oversubscription, W, size, method), interleaved: every rep visits
+    every point, and the order of rates, oversubscriptions and methods rotates from
+    rep to rep so that slow drifts of the machine (other load, thermal) spread over
+    all methods alike."""
     for rep in range(config.reps):
-        k = rep % len(rates)
-        for rate in rates[k:] + rates[:k]:
-            for w in config.workers:
-                for size in config.sizes:
-                    j = rep % len(methods)
-                    for method in methods[j:] + methods[:j]:
-                        if method == "link" and w != min(config.workers):
-                            continue  # one link: measured once per rate and size
-                        yield rep, rate, w, size, method
+        for rate in _rotated(config.rates_gbps, rep):
+            for over in _rotated(config.oversubscriptions, rep):
+                for w in config.workers:
+                    for size in config.sizes:
+                        for method in _rotated(config.methods, rep):
+                            if method == "link" and w != min(config.workers):
+                                continue  # one link: measured once per rate and size
+                            yield rep, rate, over, w, size, method
 
 
 def _step(
@@ -277,17 +355,19 @@ def _step(
 ) -> tuple[float, bool, float, int, dict[str, float]]:
     """One collective on ranks 0..w-1: prepare, time, check. Returns (time, ok,
     worst error ratio, retransmissions, counters of the timed part: CPU
-    utilisation, the bytes the busiest link direction carried, tbf drops, UDP
+    utilisation, the bytes the busiest host link direction carried and each rack
+    uplink direction (``rackup<k>_bytes``, ``rackdown<k>_bytes``), tbf drops, UDP
     datagrams the kernel dropped at sockets)."""
     group = workers[:w]
+    switches = [pid for name, pid in pids.items() if name.startswith("emulator")]
     deadline = time.monotonic() + config.step_timeout + 20 * ideal
     for wk in group:
         wk.send(cmd="prepare", w=w, method=method, nbytes=nbytes, iteration=iteration)
     for wk in group:
         wk.recv(deadline)
     links0 = rack.link_counters(w)  # outside the CPU window: tc costs CPU too
-    # one process per namespace: the emulator (switch), the workers
-    udp0 = [udp_errors(pids["emulator"]), sum(udp_errors(wk.proc.pid) for wk in group)]
+    # one process per namespace: the emulators (switches), the workers
+    udp0 = [sum(map(udp_errors, switches)), sum(udp_errors(wk.proc.pid) for wk in group)]
     before = CPUSample.take(pids)
     for wk in group:
         wk.send(cmd="go")
@@ -295,9 +375,11 @@ def _step(
     counters = CPUSample.take(pids).since(before)
     links1 = rack.link_counters(w)
     carried = {k: links1[k][0] - links0[k][0] for k in links1 if k in links0}
-    counters["busiest_link_bytes"] = max(carried.values(), default=0)
+    hosts = [v for k, v in carried.items() if not k.startswith("rack")]
+    counters["busiest_link_bytes"] = max(hosts, default=0)
+    counters.update({f"{k}_bytes": v for k, v in carried.items() if k.startswith("rack")})
     counters["drops"] = sum(links1[k][1] - links0[k][1] for k in links1 if k in links0)
-    counters["udp_errors_switch"] = udp_errors(pids["emulator"]) - udp0[0]
+    counters["udp_errors_switch"] = sum(map(udp_errors, switches)) - udp0[0]
     counters["udp_errors_workers"] = sum(udp_errors(wk.proc.pid) for wk in group) - udp0[1]
     for wk in group:
         wk.send(cmd="check")
@@ -328,35 +410,54 @@ def run_benchmark(
         with (
             signals_as_exceptions(),
             Rack(
-                max(config.workers), prefix=config.prefix, subnet=config.subnet, mtu=config.mtu
+                max(config.workers),
+                racks=config.racks,
+                flat="flat" in config.methods,
+                prefix=config.prefix,
+                subnet=config.subnet,
+                mtu=config.mtu,
             ) as rack,
         ):
-            say(
-                f"rack {rack.prefix}*: {rack.num_workers} workers, "
-                f"bridge {rack.switch_ip}, MTU {rack.mtu}"
-            )
+            if rack.racks == 1:
+                say(
+                    f"rack {rack.prefix}*: {rack.num_workers} workers, "
+                    f"bridge {rack.switch_ip}, MTU {rack.mtu}"
+                )
+            else:
+                say(
+                    f"racks {rack.prefix}*: {rack.racks} of {rack.hosts} workers, root switch "
+                    f"{rack.switch_ip}, rack switches "
+                    f"{', '.join(map(rack.rack_switch_ip, range(rack.racks)))}, MTU {rack.mtu}"
+                )
             shaping = Shaping(
                 config.rates_gbps[0], config.delay_ms, config.loss_pct, config.queue_bytes
             )
-            rack.shape(shaping)
-            emu, _ = start_emulator(rack, tmp, config.emulator_nice)
-            say("emulator serving; starting workers ...")
+            rack.shape(shaping, config.oversubscriptions[0])
+            switches = start_switches(rack, tmp, config.emulator_nice)
+            say(f"{'emulator' if len(switches) == 1 else 'switches'} serving; starting workers ...")
             workers = _start_workers(rack, config, tmp)
-            pids = {"emulator": emu.pid, **{f"worker{wk.rank}": wk.proc.pid for wk in workers}}
+            pids = {
+                **{name: p.pid for name, p in switches.items()},
+                **{f"worker{wk.rank}": wk.proc.pid for wk in workers},
+            }
             say("workers ready; warming up every method")
             for w in config.workers:
                 for method in config.methods:
                     if method != "link" or w == min(config.workers):
                         _step(rack, workers, pids, config, w, method, 1 << 20, 99, 0.0)
-            for rep, rate, w, size, method in _schedule(config):
-                if rack.shaping is None or rack.shaping.rate_gbps != rate:
+            hosts = rack.hosts if rack.racks > 1 else None
+            for rep, rate, over, w, size, method in _schedule(config):
+                if rack.shaping is None or (rack.shaping.rate_gbps, rack.oversubscription) != (
+                    rate,
+                    over,
+                ):
                     shaping = Shaping(rate, config.delay_ms, config.loss_pct, config.queue_bytes)
-                    rack.shape(shaping)
-                ideal = ideal_time(method, w, size, rate)
+                    rack.shape(shaping, over)
+                ideal = ideal_time(method, w, size, rate, hosts=hosts, oversubscription=over)
                 t, ok, worst, retx, counters = _step(
                     rack, workers, pids, config, w, method, size, rep, ideal
                 )
-                rec = Record(rep, rate, w, size, method, t, ideal, ok, worst, retx, counters)
+                rec = Record(rep, rate, w, size, method, t, ideal, ok, worst, retx, counters, over)
                 records.append(rec)
                 if on_record:
                     on_record(rec)

@@ -193,7 +193,7 @@ class DataPlane:
         self._up_due = np.inf
         self._fast_stats = np.zeros(len(LoopStat), np.int64)
         self._ts = np.zeros(2, np.int64)  # struct timespec
-        self._pollfd = np.zeros(2, np.int32)  # struct pollfd
+        self._pollfd = np.zeros(2, np.int32)  # struct pollfd: the socket's, the uplinks'
         self._callbacks = 0  # readiness callbacks from the event loop
         self._flush_handle: asyncio.TimerHandle | None = None
         self._flush_due = 0.0
@@ -355,6 +355,7 @@ class DataPlane:
         self._up_addr[j] = (self._addr.to_int(host), port)
         self.up_fd[j] = sock.fileno()
         self.loop.add_reader(sock.fileno(), self._on_uplink, j)
+        self._watch_uplinks()
 
     def remove_uplink(self, j: int) -> None:
         """Stop using job entry ``j``'s uplink socket (the job was freed)."""
@@ -363,7 +364,16 @@ class DataPlane:
         if sock is not None:
             with contextlib.suppress(ValueError, OSError):
                 self.loop.remove_reader(sock.fileno())
+            self._watch_uplinks()
         self.up_fd[j] = -1
+
+    def _watch_uplinks(self) -> None:
+        """The serve slice's poll set: the socket, then every uplink socket (a
+        parent's result there ends the slice: :func:`swemu.serving.loops._slice_next`)."""
+        fds = [s.fileno() for s in self._uplinks.values()]
+        self._pollfd = np.zeros(2 * (1 + len(fds)), np.int32)
+        self._pollfd[2::2] = fds
+        self._records()
 
     def compile_uplinks(self) -> None:
         """Compile (or load) the uplink's kernels, before any parent's result or

@@ -79,9 +79,11 @@ class BatchIO(NamedTuple):
 class Serve(NamedTuple):
     """A drain loop's own state: its counters (``stats``, :class:`LoopStat`),
     its serve slice in seconds (0.0: none) and longest idle wait within it, the
-    ``struct timespec`` (int64[2]) and ``struct pollfd`` (int32[2]) it waits
-    with, the datagrams it receives per batch (``cap``) and the batches it
-    handles before the event loop gets a turn (``max_batches``)."""
+    ``struct timespec`` (int64[2]) and the ``struct pollfd`` array it waits with
+    (int32[2 * (1 + U)]: the data-plane socket's entry, then one per uplink
+    socket of a child switch, whose parent's results end the slice), the
+    datagrams it receives per batch (``cap``) and the batches it handles before
+    the event loop gets a turn (``max_batches``)."""
 
     stats: np.ndarray
     slice_s: float
@@ -246,18 +248,31 @@ def _slice_next(fd, more, t_end, serve):
     clock value) the loop polls the socket itself, up to ``serve.idle_ms`` per
     wait: it returns when the socket stayed idle that long, when the slice is
     over, or when a signal interrupted the wait, and the event loop (control
-    plane, timers) waits at most the slice."""
+    plane, timers) waits at most the slice.
+
+    A child switch's uplink sockets (``serve.pollfd``'s entries after the
+    first) are watched too: a parent's result waiting there ends the slice, so
+    that the event loop passes it down at once (:meth:`DataPlane._on_uplink`)
+    instead of after the slice -- the members wait for it, and every slice's
+    worth of delay is a slice longer round trip through the tree."""
     if t_end <= 0.0:
         return -1.0
     now = fastio.monotonic(serve.ts)
     if now >= t_end:
         return -1.0
-    if more:  # the pass ended on its batch limit: more is waiting, no need to poll
-        return now
     pollfd = serve.pollfd
+    nfds = pollfd.shape[0] // 2
+    if more and nfds == 1:  # the pass ended on its batch limit: more is waiting
+        return now
     pollfd[0] = fd
-    pollfd[1] = fastio.POLLIN
-    r = fastio.c_poll(pollfd.ctypes.data, 1, serve.idle_ms)
+    for k in range(nfds):
+        pollfd[2 * k + 1] = fastio.POLLIN  # events; revents (the high half) cleared
+    r = fastio.c_poll(pollfd.ctypes.data, nfds, 0 if more else serve.idle_ms)
+    for k in range(1, nfds):
+        if pollfd[2 * k + 1] >> 16 != 0:  # a parent's result (or an error) on an uplink
+            return -1.0
+    if more:
+        return now
     if r <= 0 or ((pollfd[1] >> 16) & fastio.POLLNVAL) != 0:  # idle, EINTR, closed
         return -1.0
     serve.stats[LoopStat.POLLS] += 1
