@@ -131,7 +131,10 @@ def chunk_values(draw: st.DrawFn, n: int, dtype: str) -> np.ndarray:
     x[rng.random(n) < 0.1] = 0.0
     if dtype == "bfloat16":
         bits = quant.bfloat16_bits(x.astype(np.float32))
-        bits[(bits & 0x7FFF) >= 0x7F80] = 0x7F7F  # the largest finite one
+        # rounding to bfloat16 may carry a value just below 2^127 up to it: the
+        # largest below 2^127 instead (the format takes |x| < 2^127, §4)
+        big = (bits & 0x7FFF) >= 0x7F00
+        bits[big] = (bits[big] & 0x8000) | 0x7EFF
         return bits
     return np.clip(x, -np.finfo(dtype).max, np.finfo(dtype).max).astype(dtype)
 
