@@ -40,6 +40,7 @@ def command(p4testgen: Path, p4c_src: Path, out_dir: Path, max_tests: int, seed:
         "--target", "tofino",
         "--arch", "tna",
         "--std", "p4-16",
+        "-D__TARGET_TOFINO__=1",  # tna.p4 picks Tofino 1's specs by it (bf-p4c's driver sets it)
         "-I", str(p4c_src / "backends" / "tofino" / "bf-p4c" / "p4include"),
         "-I", str(p4c_src / "p4include"),
         "--test-backend", "PTF",
@@ -108,7 +109,11 @@ def generate(p4testgen: Path, p4c_src: Path, max_tests: int, seed: int, corpus: 
         tests = [t for f in files for t in ptf.parse_file(f.read_text())]
         for t in tests:
             t.trace = brief_trace(t.trace)
-        version = subprocess.run([str(p4testgen), "--version"], capture_output=True, text=True)
+        version = subprocess.run(
+            [str(p4testgen), "--target", "tofino", "--arch", "tna", "--version"],
+            capture_output=True,
+            text=True,
+        )
     data = {
         "generator": {
             "command": ["p4testgen", *cmd[1:-1], "p4/switchml.p4"],
