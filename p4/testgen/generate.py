@@ -6,12 +6,14 @@
 
 Runs ``p4testgen --target tofino --arch tna --test-backend PTF`` (statement coverage as
 the goal, greedy path selection, a fixed seed, ports 0..511 so that every port a pass
-may leave on -- the recirculation ports ``pipe << 7 | 68`` among them -- is allowed),
-reads the PTF file it writes (:mod:`p4.testgen.ptf`) and writes
-``p4/testgen/corpus/switchml.json``: the command, the generator's version and its final
-statement coverage, then every test as data. It then replays the new corpus
-(:mod:`p4.testgen.replay`) and prints the summary; the exit status is 1 if any test
-mismatches. ``tests/test_p4testgen_replay.py`` replays the committed file in CI.
+may leave on -- the recirculation ports ``pipe << 7 | 68`` among them -- is allowed,
+``-DP4TESTGEN``: the program's ``testgen_assume`` contract and its identity hashes
+written out, p4/README.md "P4Testgen"), reads the PTF file it writes
+(:mod:`p4.testgen.ptf`) and writes ``p4/testgen/corpus/switchml.json``: the command, the
+generator's version and its final statement coverage, then every test as data. It then
+replays the new corpus (:mod:`p4.testgen.replay`) and prints the summary; the exit
+status is 1 if any test mismatches. ``tests/test_p4testgen_replay.py`` replays the
+committed file in CI.
 """
 
 from __future__ import annotations
