@@ -118,7 +118,14 @@ control PoolAddress(
         // the addition takes the offset from the PHV: slot_offset, computed by
         // SlotOffset in the first stage from the packet's own size code.
         ig_md.slot_index = ig_md.pool_base + ig_md.slot_offset;
+#ifdef P4TESTGEN
+        // For P4Testgen only (p4/testgen/generate.py): what the identity hash
+        // computes, the concatenation, written out. Its concolic hashes lose
+        // the packet's values (a register index off the packet's slot).
+        ig_md.pool_index = (bit<(16 - POOL_INDEX_BITS)>) 0 ++ ig_md.slot_index ++ hdr.switchml.set;
+#else
         ig_md.pool_index = pool_index_hash.get({(bit<(16 - POOL_INDEX_BITS)>) 0, ig_md.slot_index, hdr.switchml.set});
+#endif
     }
 }
 
@@ -144,12 +151,22 @@ control SlotOffset(
     Hash<slot_index_t>(HashAlgorithm_t.IDENTITY) four_entries_hash;
 
     apply {
+#ifdef P4TESTGEN
+        // For P4Testgen only: the identity hashes written out (see PoolAddress).
+        ig_md.slot = (pool_size_t) hdr.switchml.slot;
+        if (hdr.switchml.size == SIZE_CODE_FOUR_PASSES) {
+            ig_md.slot_offset = hdr.switchml.slot[POOL_SLOT_BITS - 3:0] ++ 2w0;
+        } else {
+            ig_md.slot_offset = hdr.switchml.slot[POOL_SLOT_BITS - 1:0];
+        }
+#else
         ig_md.slot = slot_hash.get({hdr.switchml.slot});
         if (hdr.switchml.size == SIZE_CODE_FOUR_PASSES) {
             ig_md.slot_offset = four_entries_hash.get({hdr.switchml.slot[POOL_SLOT_BITS - 3:0], 2w0});
         } else {
             ig_md.slot_offset = one_entry_hash.get({hdr.switchml.slot[POOL_SLOT_BITS - 1:0]});
         }
+#endif
     }
 }
 

@@ -164,4 +164,14 @@ const bit<3> ACTION_MULTICAST = 5;
 const bit<3> ACTION_RETRANSMIT_PENDING = 6;
 const bit<3> ACTION_UNICAST = 7;
 
+#ifdef P4TESTGEN
+/* ---------------------------------------------------------------------------
+ * P4Testgen only: p4/testgen/generate.py defines P4TESTGEN; bf-p4c and p4test
+ * never see this. Its path constraint (P4Testgen's p4include/testgen.p4),
+ * with which the program states what its control plane writes and what its
+ * recirculation port carries (worker_lookup.p4, parsers.p4).
+ * ------------------------------------------------------------------------- */
+extern void testgen_assume(in bool check);
+#endif
+
 #endif /* _CONFIGURATION_P4_ */

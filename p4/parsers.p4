@@ -47,6 +47,24 @@ parser IngressParser(
     state parse_switchml_md {
         pkt.extract(hdr.switchml_md);
         ig_md.pass_type = hdr.switchml_md.pass_type;
+#ifdef P4TESTGEN
+        // For P4Testgen only (p4/testgen/generate.py): the recirculation port
+        // carries nothing but what a pass of this program sends (next_step.p4,
+        // passes.p4): a later pass; a consume pass says write, add or read, any
+        // other pass carries a result; multicast only with a result; the
+        // sender on a port of this pipe other than P4Testgen's drop port 511.
+        testgen_assume(hdr.switchml_md.pass_type >= PASS_HARVEST
+            && hdr.switchml_md.pass_type <= PASS_COLLECT_0_FIRST
+            && (hdr.switchml_md.result == 1 || hdr.switchml_md.multicast == 0)
+            && ((hdr.switchml_md.pass_type >= PASS_CONSUME1
+                    && hdr.switchml_md.pass_type <= PASS_CONSUME3
+                    && hdr.switchml_md.value_op != 0)
+                || ((hdr.switchml_md.pass_type < PASS_CONSUME1
+                        || hdr.switchml_md.pass_type > PASS_CONSUME3)
+                    && hdr.switchml_md.result == 1))
+            && hdr.switchml_md.ingress_port[8:7] == ig_intr_md.ingress_port[8:7]
+            && hdr.switchml_md.ingress_port != 511);
+#endif
         transition select(hdr.switchml_md.pass_type) {
             PASS_HARVEST : parse_later_pass_values;
             PASS_CONSUME1 : parse_later_pass_values;

@@ -47,6 +47,22 @@ control WorkerLookup(
         ig_md.pool_size = pool_size;
         ig_md.mgid = mgid;
         ig_md.value_formats = value_formats;
+#ifdef P4TESTGEN
+        // The entries the controller writes (p4/controller, docs/protocol.md
+        // section 5): what p4-constraints' @entry_restriction would say, which
+        // P4Testgen's Tofino target does not read. The generator then spends
+        // its tests on control planes that exist, not on W = 0 or a worker_bit
+        // that is not 1 << worker_id.
+        testgen_assume(job_id != 0
+            && num_workers >= 1 && num_workers <= MAX_WORKERS
+            && (bit<8>)worker_id < num_workers
+            && worker_bit == (worker_bitmap_t)1 << (worker_bitmap_t)worker_id
+            && pool_size >= 1
+            && ((size_code == SIZE_CODE_ONE_PASS
+                    && (bit<32>)pool_base + (bit<32>)pool_size <= NUM_POOL_SLOTS)
+                || (size_code == SIZE_CODE_FOUR_PASSES
+                    && (bit<32>)pool_base + 4 * (bit<32>)pool_size <= NUM_POOL_SLOTS)));
+#endif
     }
 
     action unknown_source() {

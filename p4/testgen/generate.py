@@ -6,12 +6,14 @@
 
 Runs ``p4testgen --target tofino --arch tna --test-backend PTF`` (statement coverage as
 the goal, greedy path selection, a fixed seed, ports 0..511 so that every port a pass
-may leave on -- the recirculation ports ``pipe << 7 | 68`` among them -- is allowed),
-reads the PTF file it writes (:mod:`p4.testgen.ptf`) and writes
-``p4/testgen/corpus/switchml.json``: the command, the generator's version and its final
-statement coverage, then every test as data. It then replays the new corpus
-(:mod:`p4.testgen.replay`) and prints the summary; the exit status is 1 if any test
-mismatches. ``tests/test_p4testgen_replay.py`` replays the committed file in CI.
+may leave on -- the recirculation ports ``pipe << 7 | 68`` among them -- is allowed,
+``-DP4TESTGEN``: the program's ``testgen_assume`` contract and its identity hashes
+written out, p4/README.md "P4Testgen"), reads the PTF file it writes
+(:mod:`p4.testgen.ptf`) and writes ``p4/testgen/corpus/switchml.json``: the command, the
+generator's version and its final statement coverage, then every test as data. It then
+replays the new corpus (:mod:`p4.testgen.replay`) and prints the summary; the exit
+status is 1 if any test mismatches. ``tests/test_p4testgen_replay.py`` replays the
+committed file in CI.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def command(p4testgen: Path, p4c_src: Path, out_dir: Path, max_tests: int, seed:
         "--arch", "tna",
         "--std", "p4-16",
         "-D__TARGET_TOFINO__=1",  # tna.p4 picks Tofino 1's specs by it (bf-p4c's driver sets it)
+        "-DP4TESTGEN=1",  # set_worker's testgen_assume: only entries the controller writes
         "-I", str(p4c_src / "backends" / "tofino" / "bf-p4c" / "p4include"),
         "-I", str(p4c_src / "p4include"),
         "--test-backend", "PTF",
@@ -82,16 +85,24 @@ def coverage_of(log: str) -> dict:
 
 
 #: Trace lines the corpus leaves out: assignments, extractions, emits and packet dumps
-#: (the packets are in the test itself). Tables, actions, branches, drops stay.
+#: (the packets are in the test itself), and the lines of value pairs 1..31 (pair 0's
+#: say what all 32 did). Tables, actions, branches, drops stay, and the extractions of
+#: ``switchml_md`` (the replay checks that egress read what ingress sent).
 NOISE = re.compile(
-    r"^\[(P4Testgen )?(AssignmentStatement|ExtractSuccess|Emit|Packet |PrependToProgramHeader"
-    r"|AppendToProgramHeader|Prepending the emit buffer)"
+    r"^\[(P4Testgen )?(AssignmentStatement|ExtractSuccess(?!\] hdr\.switchml_md@)|Emit|Packet "
+    r"|PrependToProgramHeader|AppendToProgramHeader|Prepending the emit buffer|Invalid emit)"
+    r"|aggregate[._]pair(0[1-9]|[12][0-9]|3[01])[._]"
 )
 
 
 def brief_trace(trace: list[str], width: int = 240) -> list[str]:
-    """The trace without :data:`NOISE`, each line cut to ``width`` characters."""
-    return [line[:width] for line in trace if not NOISE.match(line.strip())]
+    """The trace without :data:`NOISE`, each line cut to ``width`` characters (the
+    extractions of ``switchml_md`` whole)."""
+    return [
+        line if line.startswith("[ExtractSuccess]") else line[:width]
+        for line in (raw.strip() for raw in trace)
+        if not NOISE.search(line)
+    ]
 
 
 def generate(p4testgen: Path, p4c_src: Path, max_tests: int, seed: int, corpus: Path) -> dict:
@@ -125,9 +136,17 @@ def generate(p4testgen: Path, p4c_src: Path, max_tests: int, seed: int, corpus: 
         },
         "tests": [t.to_json() for t in tests],
     }
-    corpus.parent.mkdir(parents=True, exist_ok=True)
-    corpus.write_text(json.dumps(data, indent=1) + "\n")
+    write(corpus, data)
     return data
+
+
+def write(corpus: Path, data: dict) -> None:
+    """The corpus as JSON: the generator's record indented, one test a line (a diff of
+    two corpora then shows tests, and the file stays small)."""
+    tests = ",\n".join(json.dumps(t, separators=(",", ":")) for t in data["tests"])
+    record = json.dumps(data["generator"], indent=1)
+    corpus.parent.mkdir(parents=True, exist_ok=True)
+    corpus.write_text(f'{{"generator": {record},\n"tests": [\n{tests}\n]}}\n')
 
 
 def convert(ptf_file: Path, log_file: Path | None, corpus: Path) -> dict:
@@ -145,8 +164,7 @@ def convert(ptf_file: Path, log_file: Path | None, corpus: Path) -> dict:
         },
         "tests": [t.to_json() for t in tests],
     }
-    corpus.parent.mkdir(parents=True, exist_ok=True)
-    corpus.write_text(json.dumps(data, indent=1) + "\n")
+    write(corpus, data)
     return data
 
 

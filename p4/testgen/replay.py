@@ -25,11 +25,16 @@ chain passes) are checked by :func:`replay_later_pass`. Packets that are not Swi
 for the program (ARP, ICMP, other traffic) have no emulator counterpart (the emulator's
 host answers ARP and ping) and are counted apart, as are control planes the
 controller never writes (``set_worker`` entries that disagree with each other or with
-the limits). :func:`replay_all` sums it up as a :class:`Report`.
+the limits), and frames a host would drop (:func:`truncated`). Faults of P4Testgen's own
+model are set apart by the test's trace, not compared: a sender or a multicast replica
+on its drop port 511 (no Tofino port), and an egress that parsed a ``switchml_md`` other
+than the one its ingress sent (after a unicast hand-off). :func:`replay_all` sums it up
+as a :class:`Report`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 from collections import Counter
@@ -48,7 +53,7 @@ FIRST_PASS = "first pass"  # a worker's packet: replayed
 LATER_PASS = "later pass"  # starts on the recirculation port: replay_later_pass
 NOT_SWITCHML = "not SwitchML"  # ARP, ICMP, other traffic: no emulator counterpart
 UNWRITTEN = "control plane the controller never writes"
-TRUNCATED = "truncated size-code-3 frame"  # shorter than its UDP length, past the first quarter
+TRUNCATED = "truncated frame"  # shorter than its UDP length, past what the program parses
 KINDS = (FIRST_PASS, LATER_PASS, NOT_SWITCHML, UNWRITTEN, TRUNCATED)
 
 ETH_LEN, IPV4_LEN, UDP_LEN = 14, 20, 8
@@ -78,7 +83,8 @@ class Outcome:
 
     @property
     def replayed(self) -> bool:
-        return self.kind in (FIRST_PASS, LATER_PASS)
+        """Compared with the engine: a pass the replay ran, not set apart by a note."""
+        return self.kind in (FIRST_PASS, LATER_PASS) and not self.note
 
 
 @dataclass
@@ -97,11 +103,16 @@ class Report:
 
     def summary(self) -> str:
         kinds = ", ".join(f"{self.by_kind[k]} {k}" for k in KINDS if self.by_kind[k])
-        lines = [f"{len(self.outcomes)} tests: {kinds}; {len(self.mismatched)} mismatched"]
+        compared = Counter(o.kind for o in self.outcomes if o.replayed)
+        lines = [
+            f"{len(self.outcomes)} tests: {kinds}; compared with the engine: "
+            f"{compared[FIRST_PASS]} first and {compared[LATER_PASS]} later passes; "
+            f"{len(self.mismatched)} mismatched"
+        ]
         for o in self.mismatched:
             lines += [f"  {o.name} ({o.kind}): {m}" for m in o.mismatches]
-        notes = Counter(o.note for o in self.outcomes if not o.replayed and o.note)
-        lines += [f"  not replayed, {n}: {why}" for why, n in sorted(notes.items())]
+        notes = Counter((o.kind, o.note) for o in self.outcomes if not o.replayed and o.note)
+        lines += [f"  not compared, {n} ({k}): {why}" for (k, why), n in sorted(notes.items())]
         return "\n".join(lines)
 
 
@@ -153,10 +164,18 @@ class JobEntry:
     pool_base: int
     pool_size: int
     mgid: int
+    value_formats: int = 0  # 1: VALUE_FORMATS_INT32_AND_BLOCK16, results echo the format bit
 
     @property
-    def job(self) -> tuple[int, int, int, int, int]:
-        return (self.num_workers, self.size_code, self.pool_base, self.pool_size, self.mgid)
+    def job(self) -> tuple[int, int, int, int, int, int]:
+        return (
+            self.num_workers,
+            self.size_code,
+            self.pool_base,
+            self.pool_size,
+            self.mgid,
+            self.value_formats,
+        )
 
     @property
     def entries(self) -> int:
@@ -293,7 +312,9 @@ def setup_engine(test: TestCase) -> Setup:
     setup = Setup(engine, {}, {})
     for e, w in _worker_entries(test):
         if w.job_id not in setup.jobs:
-            job = engine.create_job(w.job_id, w.num_workers, w.size_code, w.pool_size, 0.0)
+            job = engine.create_job(
+                w.job_id, w.num_workers, w.size_code, w.pool_size, 0.0, w.value_formats
+            )
             for array in engine.pool_arrays(job.index):
                 array[:] = 0  # registers the test does not set start at 0 in the engine
             setup.jobs[w.job_id] = (w, job)
@@ -336,10 +357,13 @@ def first_pass_out(
     setup: Setup,
     action: Action,
     before: int,
+    result: bytes | None = None,
 ) -> bytes:
     """What the program's first pass must send round (p4/next_step.p4), given what the
     emulator did: ``switchml_md`` with the decision for the later passes, the frame with
-    the SwitchML header's unused bits cleared and e0 the slot's, and the values: size
+    the SwitchML header's unused bits cleared (the format bit: as the emulator's
+    ``result`` has it, or without one cleared unless the job registered 16-bit values,
+    docs/protocol.md section 4.2) and e0 the slot's, and the values: size
     code 1, the first 32 of the result and the packet's other 32; size code 3, the values
     from 64 on (the first 64 are aggregated and dropped)."""
     pkt = test.packet
@@ -348,7 +372,10 @@ def first_pass_out(
     s, slot = hdr[6] >> 7, int.from_bytes(hdr[6:8], "big") & (MAX_SLOTS - 1)
     values, exps, _, _ = setup.engine.pool_arrays(setup.jobs[params.job_id][1].index)
     k = s * params.pool_size + slot
-    hdr[0] &= 0xF7  # the unused bit
+    if result is not None:  # the format bit as the emulator's result carries it
+        hdr[0] = (hdr[0] & 0xF7) | (result[0] & 0x08)
+    elif not params.value_formats:
+        hdr[0] &= 0xF7
     hdr[6] &= 0xBF  # pool_index bit 14
     hdr[8] = int(exps[2 * k]) & 0xFF
     retransmission = action in (Action.UNICAST, Action.RETRANSMIT_PENDING)
@@ -389,7 +416,7 @@ def replay_first_pass(test: TestCase, frame: WorkerFrame) -> Outcome:
     """A worker's packet: the engine against the program (see the module docstring)."""
     out = Outcome(test.name, FIRST_PASS)
     setup = setup_engine(test)
-    action, _ = setup.engine.receive_datagram(frame.datagram, (frame.src_ip, frame.src_port))
+    action, results = setup.engine.receive_datagram(frame.datagram, (frame.src_ip, frame.src_port))
     job = _hit_job(setup, frame)
     before = 0
     if job is not None:
@@ -420,7 +447,8 @@ def replay_first_pass(test: TestCase, frame: WorkerFrame) -> Outcome:
             out.mismatches.append(
                 f"recirculated on port {exp.port}, not {L.recirculation_port(test.port)}"
             )
-        want = first_pass_out(test, frame, job, setup, action, before)
+        result = results[0][0] if results else None
+        want = first_pass_out(test, frame, job, setup, action, before, result)
         out.mismatches += _compare("packet sent round", want, exp.packet, exp.care_mask())
     out.mismatches += compare_registers(test, setup)
     return out
@@ -556,17 +584,26 @@ def replay_later_pass(test: TestCase) -> Outcome:
     quarter, half = LATER_PASSES[pass_name]
     entry, s = md["pool_index"] >> 1, md["pool_index"] & 1
     sent = (md["result"], md["multicast"])
+    exp = test.expected
     final = pass_name in ("PASS_HARVEST", "PASS_COLLECT_0_FIRST")
     op = {L.const(f"VALUE_OP_{o}"): o for o in ("WRITE", "ADD", "READ")}.get(md["value_op"])
     if half is not None:
         valid = sent in ((1, 0), (1, 1))
     else:
         valid = op is not None and sent in ((0, 0), (1, 0), (1, 1))
-    if not valid or entry < quarter:
+    if not valid:
         out.note = "a pass no first pass sends"
         return out
+    if final and sent == (1, 0) and md["ingress_port"] == DROP_PORT:
+        out.note = "a sender on port 511 (P4Testgen's drop port, no Tofino port)"
+        return out
+    if final and _egress_misread(test, md):
+        out.note = "egress read a switchml_md ingress did not send (P4Testgen's unicast hand-off)"
+        return out
+    if entry < quarter:  # the same pass on entry + 4: quarter `quarter` of a slot
+        test = _shifted(test, QUARTERS)
+        entry += QUARTERS
     code = 1 if pass_name == "PASS_HARVEST" else 3
-    exp = test.expected
     src_ip = int.from_bytes(frame[ETH_LEN + 12 : ETH_LEN + 16], "big")
     src_port = int.from_bytes(frame[ETH_LEN + IPV4_LEN : ETH_LEN + IPV4_LEN + 2], "big")
     replica = None
@@ -577,6 +614,11 @@ def replay_later_pass(test: TestCase) -> Outcome:
                 out.mismatches.append(f"a replica left on port {exp.port} without a worker")
             else:
                 out.note = "a replica for a replication id nobody registered"
+            return out
+        if exp is None and not _egress_drops(test):
+            # egress took the worker's entry and did not drop: the port the solver chose
+            # for the replica (not in the test) can only have been P4Testgen's drop port
+            out.note = "a replica on port 511 (P4Testgen's drop port, no Tofino port)"
             return out
         _, src_ip, port = replica
         src_port = port if port is not None else src_port
@@ -643,6 +685,47 @@ def replay_later_pass(test: TestCase) -> Outcome:
     return out
 
 
+#: P4Testgen's Tofino drop port (``SharedTofinoConstants::DROP_CONSTANT``): a packet
+#: leaving on it is dropped. No Tofino 1 port has that number (a pipe has 72 ports).
+DROP_PORT = 511
+QUARTERS = 4  # register entries of a size-code-3 slot
+
+
+def _egress_misread(test: TestCase, md: dict[str, int]) -> bool:
+    """Whether egress's parser read a ``switchml_md`` other than ``md`` (the one the
+    final pass's ingress sends on unchanged), by the trace's second extraction of it
+    (ingress's is the first); a tainted field counts as other. False when the trace
+    does not show it."""
+    found = [line for line in test.trace if line.startswith("[ExtractSuccess] hdr.switchml_md@")]
+    if len(found) < 2:
+        return False
+    fields = re.findall(r"hdr\.switchml_md\.(\w+) = (0x[0-9A-Fa-f_]+|\w+)", found[1])
+    for name, value in fields:
+        if not value.startswith("0x") or md.get(name) != int(value.replace("_", ""), 16):
+            return True
+    return False
+
+
+def _egress_drops(test: TestCase) -> bool:
+    """Egress's own reason to drop in the trace: the default ``no_worker``."""
+    return any(re.search(r"\bno_worker\b", line) for line in test.trace)
+
+
+def _shifted(test: TestCase, entries: int) -> TestCase:
+    """The test with every register entry ``entries`` further on. The program reads and
+    writes each register at ``pool_index`` alone, the same at every index, so a pass on
+    entry e is the pass on entry e + 4; the replay needs it where the solver put a
+    later pass of quarter q on an entry e < q, which the quarter's slot cannot start
+    before."""
+    moved = [
+        dataclasses.replace(
+            r, index=r.index + (entries if r.name == L.WORKER_BITMAP else 2 * entries)
+        )
+        for r in test.registers
+    ]
+    return dataclasses.replace(test, registers=moved)
+
+
 # ----------------------------------------------------------------------------- all
 def replay(test: TestCase) -> Outcome:
     """Replay one test (see the module docstring)."""
@@ -655,24 +738,24 @@ def replay(test: TestCase) -> Outcome:
     if why is not None:
         return Outcome(test.name, UNWRITTEN, note=why)
     if truncated(frame):
-        return Outcome(test.name, TRUNCATED, note="frame shorter than its UDP length")
+        return Outcome(test.name, TRUNCATED, note="frame shorter than its UDP length says")
     return replay_first_pass(test, frame)
 
 
 def truncated(frame: WorkerFrame) -> bool:
-    """A size-code-3 frame cut short after its first 64 values (shorter than its UDP
-    length says). The program cannot tell: its first pass reads the header and 64
-    values and checks the UDP length; the frame's end shows only to a later pass or in
-    egress. A host's IP stack drops such a packet before the emulator sees it. Frames
-    cut inside the first 64 values (or at size code 1) end in a parser error, which the
-    program counts as malformed, as the emulator does a short datagram: those replay."""
+    """A frame cut short past what the program's parser reads (shorter than its UDP
+    length says): the header, and 64 values at size codes 1 and 3 (the first quarter
+    of a size-code-3 packet; the other codes are dropped on the header alone). The
+    program cannot tell: Tofino 1's ingress has no packet length, and the frame's end
+    shows only to a later pass or in egress; it checks the UDP length against the size
+    code. A host's IP stack drops such a packet before the emulator sees it. Frames cut
+    inside what the parser reads end in a parser error, which the program counts as
+    malformed, as the emulator does a short datagram: those replay."""
     header = frame.datagram[:HEADER_LEN]
-    return (
-        len(frame.datagram) < frame.udp_len - UDP_LEN
-        and len(header) == HEADER_LEN
-        and header[0] & 7 == 3
-        and len(frame.datagram) >= HEADER_LEN + 256
-    )
+    if len(header) < HEADER_LEN or len(frame.datagram) >= frame.udp_len - UDP_LEN:
+        return False
+    parsed = HEADER_LEN + (256 if header[0] & 7 in L.ENTRIES_PER_SLOT else 0)
+    return len(frame.datagram) >= parsed
 
 
 def replay_all(tests: list[TestCase]) -> Report:
