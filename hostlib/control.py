@@ -196,18 +196,7 @@ class ControlClient:
         req = pb.ResumeRequest(
             registration=registration,
             rounds=list(progress.rounds),
-            last=[
-                pb.SlotResult(
-                    slot=r.slot,
-                    round=r.round,
-                    tsi=r.tsi,
-                    set=r.set,
-                    job_number=r.job_number,
-                    e0=r.e0,
-                    values=r.values,
-                )
-                for r in progress.last.values()
-            ],
+            last=[r.message() for r in progress.last.values()],
         )
         resp = await self._rpc(
             f"Resume(rank {registration.rank})",
@@ -216,10 +205,7 @@ class ControlClient:
             timeout=timeout,
             rendezvous=True,
         )
-        repairs = [
-            SlotResult(r.slot, r.round, r.tsi, r.set, r.job_number, r.e0, bytes(r.values))
-            for r in resp.repairs
-        ]
+        repairs = [SlotResult.from_message(r) for r in resp.repairs]
         return Membership.from_reply(resp.registration, registration.session_id), repairs
 
     async def join(

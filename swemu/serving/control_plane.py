@@ -427,22 +427,16 @@ class SessionService(pb_grpc.SessionServicer):
         for rank, w in sorted(waiting.items()):
             reg = w.request.registration
             requests.append(
-                {
-                    "session_id": reg.session_id,
-                    "rank": rank,
-                    "num_workers": reg.num_workers,
-                    "ipv4": w.ipv4,
-                    "udp_port": reg.udp_port if by_port else 0,
-                    "packet_size": int(reg.packet_size),
-                    "pool_size": reg.pool_size,
-                    "mac": reg.mac,
-                    "loopback_broadcast": reg.loopback_broadcast and by_port,
-                    "value_formats": int(reg.value_formats),
-                }
+                registration_kwargs(
+                    reg,
+                    ipv4=w.ipv4,
+                    udp_port=reg.udp_port if by_port else 0,
+                    loopback_broadcast=reg.loopback_broadcast and by_port,
+                )
             )
             progress[rank] = Progress(
                 tuple(w.request.rounds),
-                {r.slot: _slot_result(r) for r in w.request.last},
+                {r.slot: SlotResult.from_message(r) for r in w.request.last},
             )
         try:
             try:
@@ -474,7 +468,7 @@ class SessionService(pb_grpc.SessionServicer):
             broadcast = requests[rank]["loopback_broadcast"]
             answer = pb.ResumeResponse(
                 registration=self._registered(session, broadcast),
-                repairs=[_slot_message(r) for r in repairs[rank]],
+                repairs=[r.message() for r in repairs[rank]],
             )
             if not w.done.done():
                 w.done.set_result(answer)
@@ -489,20 +483,24 @@ class _Resumer:
     done: asyncio.Future
 
 
-def _slot_result(m: pb.SlotResult) -> SlotResult:
-    return SlotResult(m.slot, m.round, m.tsi, m.set, m.job_number, m.e0, bytes(m.values))
-
-
-def _slot_message(r: SlotResult) -> pb.SlotResult:
-    return pb.SlotResult(
-        slot=r.slot,
-        round=r.round,
-        tsi=r.tsi,
-        set=r.set,
-        job_number=r.job_number,
-        e0=r.e0,
-        values=r.values,
-    )
+def registration_kwargs(
+    reg: pb.UdpSessionRequest, *, ipv4: int, udp_port: int, loopback_broadcast: bool = False
+) -> dict[str, Any]:
+    """:meth:`SessionController.register`'s keyword arguments (``now`` apart) for
+    a registration as it arrived, with the worker's address as this switch
+    identifies it (a ``Resume``, a fabric's resume)."""
+    return {
+        "session_id": reg.session_id,
+        "rank": reg.rank,
+        "num_workers": reg.num_workers,
+        "ipv4": ipv4,
+        "udp_port": udp_port,
+        "packet_size": int(reg.packet_size),
+        "pool_size": reg.pool_size,
+        "mac": reg.mac,
+        "loopback_broadcast": loopback_broadcast,
+        "value_formats": int(reg.value_formats),
+    }
 
 
 @dataclass

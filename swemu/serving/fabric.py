@@ -47,7 +47,7 @@ from swemu.protocol.proto import fabric_pb2_grpc as fb_grpc
 from swemu.protocol.proto import switchml_pb2 as pb
 from swemu.protocol.proto import switchml_pb2_grpc as pb_grpc
 from swemu.protocol.worker.recovery import Progress, RecoveryError, SlotResult, plan_repairs
-from swemu.serving.control_plane import peer_ipv4
+from swemu.serving.control_plane import peer_ipv4, registration_kwargs
 
 log = logging.getLogger("swemu.fabric")
 
@@ -695,12 +695,7 @@ class FabricNode:
             progress = {
                 rank: Progress(
                     tuple(rep.rounds),
-                    {
-                        r.slot: SlotResult(
-                            r.slot, r.round, r.tsi, r.set, r.job_number, r.e0, bytes(r.values)
-                        )
-                        for r in rep.last
-                    },
+                    {r.slot: SlotResult.from_message(r) for r in rep.last},
                 )
                 for rank, (rep, _, _) in rnd.reports.items()
             }
@@ -712,18 +707,7 @@ class FabricNode:
             for rank, (rep, _, _) in sorted(rnd.reports.items()):
                 reg = rep.registration
                 requests.append(
-                    {
-                        "session_id": reg.session_id,
-                        "rank": rank,
-                        "num_workers": reg.num_workers,
-                        "ipv4": reg.ipv4,
-                        "udp_port": reg.udp_port,
-                        "packet_size": int(reg.packet_size),
-                        "pool_size": reg.pool_size,
-                        "mac": reg.mac,
-                        "loopback_broadcast": False,
-                        "value_formats": int(reg.value_formats),
-                    }
+                    {**registration_kwargs(reg, ipv4=reg.ipv4, udp_port=reg.udp_port), "rank": rank}
                 )
             try:
                 session = self.registry.controller.resume(requests, now=self.server.clock())
@@ -753,18 +737,7 @@ class FabricNode:
                         registration=pb.UdpSessionResponse(
                             session_id=session_id, epoch=session.epoch
                         ),
-                        repairs=[
-                            pb.SlotResult(
-                                slot=r.slot,
-                                round=r.round,
-                                tsi=r.tsi,
-                                set=r.set,
-                                job_number=r.job_number,
-                                e0=r.e0,
-                                values=r.values,
-                            )
-                            for r in repairs[rank]
-                        ],
+                        repairs=[r.message() for r in repairs[rank]],
                     )
                 )
 

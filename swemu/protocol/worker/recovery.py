@@ -15,6 +15,7 @@ Plain Python (no numpy): a controller runs it beside the session rules.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class RecoveryError(ValueError):
@@ -36,6 +37,25 @@ class SlotResult:
     job_number: int
     e0: int
     values: bytes = b""
+
+    def message(self) -> Any:
+        """As the control plane carries it (``switchml.proto``'s ``SlotResult``)."""
+        from swemu.protocol.proto import switchml_pb2 as pb
+
+        return pb.SlotResult(
+            slot=self.slot,
+            round=self.round,
+            tsi=self.tsi,
+            set=self.set,
+            job_number=self.job_number,
+            e0=self.e0,
+            values=self.values,
+        )
+
+    @classmethod
+    def from_message(cls, m: Any) -> SlotResult:
+        """From the control plane's ``SlotResult`` message."""
+        return cls(m.slot, m.round, m.tsi, m.set, m.job_number, m.e0, bytes(m.values))
 
 
 @dataclass(frozen=True)
