@@ -83,7 +83,7 @@ build() {
 
 check() {
   [[ -x $BUILD_DIR/build/p4testgen ]] || die "the build ended without build/p4testgen"
-  "$BUILD_DIR/build/p4testgen" --version
+  "$BUILD_DIR/build/p4testgen" --target tofino --arch tna --version  # it wants a target
   if ((with_bf_p4c)); then
     [[ -x $BUILD_DIR/build/bf-p4c && -x $BUILD_DIR/build/p4c-barefoot ]] ||
       die "the build ended without build/bf-p4c and build/p4c-barefoot"
