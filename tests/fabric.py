@@ -83,15 +83,7 @@ class Fabric:
     def _post(self, data: bytes, direction: str, who: int) -> None:
         f = self.faults
         loss = f.loss_up if direction == "up" else f.loss_down
-        copies = 1 + (self.rng.random() < f.dup)
-        self.delivered["dup"] += copies - 1
-        for _ in range(copies):
-            if self.rng.random() < loss:
-                self.delivered["lost"] += 1
-                continue
-            when = self.now + f.latency + self.rng.random() * f.reorder
-            self._seq += 1
-            heapq.heappush(self._events, (when, self._seq, direction, who, data))
+        _send_over(self, f, loss, self.delivered, direction, who, data)
 
     def allreduce(
         self,
@@ -396,15 +388,7 @@ class TreeFabric:
     def _post(self, data: bytes, kind: str, who) -> None:
         f = self.uplink_faults if kind in ("c2r", "r2c") else self.faults
         loss = f.loss_up if kind in ("w2c", "c2r") else f.loss_down
-        copies = 1 + (self.rng.random() < f.dup)
-        self.counts["dup"] += copies - 1
-        for _ in range(copies):
-            if self.rng.random() < loss:
-                self.counts["lost"] += 1
-                continue
-            when = self.now + f.latency + self.rng.random() * f.reorder
-            self._seq += 1
-            heapq.heappush(self._events, (when, self._seq, kind, who, data))
+        _send_over(self, f, loss, self.counts, kind, who, data)
 
     def _route_child_output(self, c: int, out) -> None:
         """What child c sent: results down to its workers, partial aggregates up."""
@@ -464,3 +448,18 @@ class TreeFabric:
             if self.now > max_time:
                 raise TimeoutError(f"allreduce did not finish in {max_time} s of virtual time")
         return [(op.of if op.is_float else op.oi).reshape(x.shape) for op, x in zip(ops, inputs)]
+
+
+def _send_over(net, f, loss: float, counts: dict, kind: str, who, data: bytes) -> None:
+    """One datagram over a link of ``net`` (a Fabric or TreeFabric: its rng,
+    clock and event queue) with faults ``f``: duplicated, lost with ``loss``,
+    delivered after the latency plus up to ``f.reorder``; counted in ``counts``."""
+    copies = 1 + (net.rng.random() < f.dup)
+    counts["dup"] += copies - 1
+    for _ in range(copies):
+        if net.rng.random() < loss:
+            counts["lost"] += 1
+            continue
+        when = net.now + f.latency + net.rng.random() * f.reorder
+        net._seq += 1
+        heapq.heappush(net._events, (when, net._seq, kind, who, data))
