@@ -19,12 +19,13 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from swemu.protocol import fastio, wire
+from swemu.protocol.jit import watch_compiles
 from swemu.protocol.netutil import (
     buffer_advice,
     mac_of_ipv4,
@@ -36,11 +37,13 @@ from swemu.protocol.netutil import (
 from swemu.protocol.proto import switchml_pb2 as pb
 from swemu.protocol.worker import kernels as K
 from swemu.protocol.worker.protocol import (
+    HALF_DTYPES,
     Allreduce,
     Timing,
     WorkerProtocol,
     dtype_name,
     warmup,
+    warmup16,
 )
 
 from . import fastpath
@@ -176,6 +179,7 @@ class AsyncContext:
         self._wakeups = 0  # socket reads (batches) of the running call
         self.gso_segments = 1  # packets per send message (1: no segmentation offload)
         self._told_values16 = False  # the fallback to 32-bit values was logged
+        self._had16 = False  # a call with 16-bit data has begun (see FIRST16_NO_PROGRESS)
         self.last_stats: dict[str, int] = {}  # counters of the last call
         #: the memory of results returned without ``out=``, reused once dropped
         self.results = ResultPool()
@@ -194,7 +198,9 @@ class AsyncContext:
             return
         o = self.options
         self._loop = asyncio.get_running_loop()
-        _warmup_once()  # compile before joining: the others wait for us at the barrier
+        # compile before joining: the others wait for us at the barrier (the 16-bit
+        # kernels too if the job says it sends 16-bit values; else on a first 16-bit call)
+        _warmup_once(o.values16)
         ctl = ControlClient(o.control, connect_timeout=o.connect_timeout)
         try:
             await ctl.connect()
@@ -488,7 +494,7 @@ class AsyncContext:
         ``values16`` and ``bfloat16``: see :meth:`hostlib.Context.allreduce`."""
         await self.open()
         loop = self._loop
-        op, result = self._begin(x, out, loop.time(), values16, bfloat16)
+        op, result = self._begin(x, out, loop.time, values16, bfloat16)
         if op.done:
             return result
         self._wakeups = 0
@@ -514,18 +520,29 @@ class AsyncContext:
         self,
         x: np.ndarray,
         out: np.ndarray | None,
-        now: float,
+        clock: Callable[[], float],
         values16: bool | None = None,
         bfloat16: bool = False,
     ) -> tuple[Allreduce, np.ndarray]:
-        """Validate and start one call (both APIs): its state and its result array."""
+        """Validate and start one call (both APIs): its state and its result array.
+        The call's clock starts (``clock()``) after any compiling: a first call
+        with 16-bit data compiles the kernels' 16-bit version here, unless it
+        was warmed up (:func:`_warmup_once`), and it waits for a silent switch
+        at least :data:`FIRST16_NO_PROGRESS`, as the other workers may be
+        compiling theirs meanwhile."""
         if self._op is not None:
             raise RuntimeError("one allreduce at a time per context")
         if not isinstance(x, np.ndarray):
             raise TypeError(f"allreduce takes a numpy array, got {type(x).__name__}")
         wire16 = self.wire16(x, values16, bfloat16)
+        first16 = not self._had16 and (wire16 or dtype_name(x, bfloat16) in HALF_DTYPES)
+        if first16:
+            _warmup16_once()
         result = self.results.empty_like(x) if out is None else out
-        op = self.protocol.allreduce(x, result, now, values16=wire16, bfloat16=bfloat16)
+        op = self.protocol.allreduce(x, result, clock(), values16=wire16, bfloat16=bfloat16)
+        if first16:
+            self._had16 = True
+            op.no_progress = max(op.no_progress, FIRST16_NO_PROGRESS)
         return op, result
 
     def _retransmit(self, op: Allreduce, now: float) -> None:
@@ -632,15 +649,15 @@ class AsyncContext:
         instead of the event loop: the same packets, timers and errors, without
         the interpreter's work per socket wakeup. Needs :attr:`can_block`; the
         context's event loop must not be running."""
-        now = time.monotonic()
-        op, result = self._begin(x, out, now, values16, bfloat16)
+        op, result = self._begin(x, out, time.monotonic, values16, bfloat16)
+        now = op.last_progress  # the call's start
         if op.done:
             return result
         fd = self._sock.fileno()
         self.stale += self._io.discard_all(fd)  # what arrived between calls, as the reader would
         clock = np.zeros(len(fastpath.Clock))
         clock[fastpath.Clock.NOW] = clock[fastpath.Clock.PROGRESS] = now
-        no_progress = self.protocol.timing.no_progress
+        no_progress = op.no_progress
         self._op = op
         try:
             self._send(op, op.initial(now))
@@ -777,7 +794,7 @@ class AsyncContext:
         op = self._op
         if op is None:
             return
-        when = min(op.get_timer(), op.last_progress + op.proto.timing.no_progress)
+        when = min(op.get_timer(), op.last_progress + op.no_progress)
         self._timer = self._loop.call_at(when, self._on_timer)
 
     def _on_timer(self) -> None:
@@ -821,6 +838,13 @@ class AsyncContext:
 
 
 _warm = False
+_warm16 = False
+#: The no-progress limit of a context's first call with 16-bit data, at least:
+#: every worker compiles the kernels' 16-bit version on its first such call
+#: (unless the job warmed it up ahead, ``Options.values16``), the others wait
+#: for its packets meanwhile, and a worker whose cache had them waits longest
+#: (measured: 3-12 s of compiling per worker, four on two cores; docs/performance.md).
+FIRST16_NO_PROGRESS = 120.0
 #: Seconds a closing worker waits for the controller to acknowledge its Release.
 RELEASE_TIMEOUT = 2.0
 _background: set[asyncio.Task] = set()  # release tasks of contexts closed in a running loop
@@ -843,21 +867,51 @@ def _check_buffer(sock: socket.socket, o: Options) -> None:
 _buffer_warned = False
 
 
-def _warmup_once() -> None:
+def _warmup_once(values16: bool = False) -> None:
+    """Compile (or load) the kernels of 32-bit calls, once per process, and with
+    ``values16`` those of calls with 16-bit data too (:func:`_warmup16_once`)."""
     global _warm
     if not _warm:
-        with _sigint_noted() as interrupted:
-            try:
-                warmup()
-                if fastio.AVAILABLE:
-                    fastpath.warmup()
-            except Exception:
-                if interrupted:
-                    raise KeyboardInterrupt from None
-                raise
-        if interrupted:
-            raise KeyboardInterrupt
+        _compile(False)
         _warm = True
+    if values16:
+        _warmup16_once()
+
+
+def _warmup16_once() -> None:
+    """Compile (or load) the kernels' version for calls with 16-bit data, once
+    per process: on the first such call, or ahead (``Options.values16``). A
+    compile is logged, with how long the call waited for it."""
+    global _warm16
+    if _warm16:
+        return
+    t0 = time.monotonic()
+
+    def say() -> None:
+        log.info("compiling the 16-bit kernels (first 16-bit call; later runs load them)")
+
+    with watch_compiles(say) as watch:
+        _compile(True)
+    if watch.compiled:
+        log.info("compiled the 16-bit kernels in %.1f s", time.monotonic() - t0)
+    _warm16 = True
+
+
+def _compile(values16: bool) -> None:
+    """Warm up the protocol's and the I/O loop's kernels: those of 32-bit calls,
+    or (``values16``) those of calls with 16-bit data; a Ctrl-C meanwhile is a
+    KeyboardInterrupt (:func:`_sigint_noted`)."""
+    with _sigint_noted() as interrupted:
+        try:
+            (warmup16 if values16 else warmup)()
+            if fastio.AVAILABLE:
+                (fastpath.warmup16 if values16 else fastpath.warmup)()
+        except Exception:
+            if interrupted:
+                raise KeyboardInterrupt from None
+            raise
+    if interrupted:
+        raise KeyboardInterrupt
 
 
 @contextlib.contextmanager

@@ -331,17 +331,32 @@ def enable_gso(sock: socket.socket, packet_len: int, switch_ip: str) -> int:
     return max(1, min(fastio.GSO_MAX_SEGMENTS, fastio.GSO_MAX_BYTES // packet_len))
 
 
-def warmup() -> None:
+def warmup(values16: bool = False) -> None:
     """Compile (or load from the cache) :func:`pump`, :func:`wait_and_pump` and
-    :func:`send_slots` for both dtypes, on an unbound socket that never has
-    data, so that no allreduce waits for the compiler."""
+    :func:`send_slots` for 32-bit calls (int32 and float32), and with
+    ``values16`` for calls with 16-bit data too (their own version, see
+    :func:`swemu.protocol.worker.protocol.warmup`), on an unbound socket that
+    never has data, so that no allreduce waits for the compiler."""
+    from swemu.protocol.worker import protocol
+
+    _warmup_calls(protocol.WARMUP32 + (protocol.WARMUP16 if values16 else ()))
+
+
+def warmup16() -> None:
+    """:func:`warmup` of the version for calls with 16-bit data only."""
+    from swemu.protocol.worker import protocol
+
+    _warmup_calls(protocol.WARMUP16)
+
+
+def _warmup_calls(calls: tuple[tuple[type, bool], ...]) -> None:
     from swemu.protocol.worker.protocol import WorkerProtocol
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        for dtype in (np.int32, np.float32):
+        for dtype, wire16 in calls:
             proto = WorkerProtocol(num_workers=1, size_code=0, window=1)
-            op = proto.allreduce(np.ones(40, dtype), None, 0.0)
+            op = proto.allreduce(np.ones(40, dtype), None, 0.0, values16=wire16)
             batch = np.zeros((2, proto.rows.shape[1] + 1), np.uint8)
             io = FastIO(
                 batch,

@@ -17,6 +17,8 @@ from enum import IntEnum
 from typing import NamedTuple
 
 import numpy as np
+from numba import types
+from numba.extending import overload
 
 from swemu.protocol.header import (
     pool_set,
@@ -78,9 +80,13 @@ class WorkerState(NamedTuple):
     #               overflow; on the 16-bit wire L = (2^16 - 1) // 2W (docs/protocol.md §4.2)
     # --- 16-bit data (swemu.protocol.worker.block16): float16/bfloat16 tensors use
     #     xh/oh (their bit patterns; empty otherwise), and a call on the 16-bit wire
-    #     sends 2N values of 16 bits per packet (nvals = 2N), its format bit set
-    xh: np.ndarray  # uint16[n]: the input
-    oh: np.ndarray  # uint16[n]: the output
+    #     sends 2N values of 16 bits per packet (nvals = 2N), its format bit set.
+    #     A call with neither has xh = oh = None: the state's Numba type then
+    #     differs, and the kernels' version for it compiles no 16-bit code (see
+    #     _fill_payload); a 16-bit call's state has arrays here (uint16, empty for
+    #     float32 on the 16-bit wire), and its version only the 16-bit code
+    xh: np.ndarray | None  # uint16[n]: the input
+    oh: np.ndarray | None  # uint16[n]: the output
     half: int  # block16.HALF_*: what xh/oh hold (HALF_NONE: no 16-bit tensor)
     wire16: bool
     # --- the call
@@ -222,6 +228,127 @@ def _streamed_part(o, src, inv, is_float, on):
     return a, b
 
 
+# ------------------------------------------------- the 32-bit and 16-bit halves
+# A call's packets are built and its results stored by the 32-bit code (int32 and
+# float32 on the 32-bit wire) or by block16's (a 16-bit wire or a 16-bit tensor).
+# Which one is a choice of the state's Numba type, not of a run-time test: the
+# state of a call without 16-bit data has ``xh = oh = None``, and the generic
+# helpers below resolve, as each kernel's version for that type is typed, to
+# the one half that type needs. So a float32 or int32 run compiles none of the
+# 16-bit code (it was a third of a worker's first-run compile), and a 16-bit
+# call's version (compiled on the first one, or warmed ahead: protocol.warmup)
+# none of the 32-bit code. Their Python bodies decide the same at run time. (The
+# halves are plain functions: an overload returns one, and Numba compiles and
+# inlines it into the kernel being compiled.)
+_XH = WorkerState._fields.index("xh")
+
+
+def has16(ws) -> bool:
+    """Whether the Numba type ``ws`` of a :class:`WorkerState` is a 16-bit call's."""
+    return not isinstance(ws.types[_XH], types.NoneType)
+
+
+def _fill32(row, ws, chunk):
+    _fill_data(
+        row, ws.xi, ws.xf, ws.is_float, chunk, ws.nvals, ws.shared_exp, ws.num_workers, ws.limit
+    )
+
+
+def _fill16(row, ws, chunk):
+    block16.fill_chunk(row, ws, chunk)
+
+
+def _fill_payload(row, ws, chunk):
+    """Quantize chunk ``chunk`` of the call ``ws`` into the payload of ``row``:
+    :func:`_fill_data`, or :func:`block16.fill_chunk` for a 16-bit call."""
+    (_fill16 if ws.xh is not None else _fill32)(row, ws, chunk)
+
+
+@overload(_fill_payload, inline="always")
+def _fill_payload_typed(row, ws, chunk):
+    return _fill16 if has16(ws) else _fill32
+
+
+def _store32(ws, c, row, src, streaming):
+    """Store the result of chunk ``c`` (the packet ``row``, its payload at address
+    ``src``) into the int32 or float32 output of ``ws``; with ``streaming``, its
+    aligned middle with streaming stores. Returns ``streaming``.
+
+    The output chunk is its own slice: the loops index both sides alike and
+    vectorize (with ``of[i]``/``p[i - lo]`` they took twice as long); they
+    store what the streaming stores left (all without streaming)."""
+    nvals = ws.nvals
+    lo = c * nvals
+    p = _payload(row, nvals)
+    if ws.is_float:
+        inv = 1.0 / _scale(ws.shared_exp[c], ws.num_workers)
+        o = ws.of[lo : min(lo + nvals, ws.of.shape[0])]
+        a, b = _streamed_part(o, src, inv, True, streaming)
+        for i in range(a):
+            o[i] = np.float32(np.float64(np.int32(bswap32(p[i]))) * inv)
+        for i in range(b, o.shape[0]):
+            o[i] = np.float32(np.float64(np.int32(bswap32(p[i]))) * inv)
+    else:
+        o = ws.oi[lo : min(lo + nvals, ws.oi.shape[0])]
+        a, b = _streamed_part(o, src, 1.0, False, streaming)
+        for i in range(a):
+            o[i] = np.int32(bswap32(p[i]))
+        for i in range(b, o.shape[0]):
+            o[i] = np.int32(bswap32(p[i]))
+    return streaming
+
+
+def _store16(ws, c, row, src, streaming):
+    block16.store_chunk(ws, c, src)
+    return False
+
+
+def _store_payload(ws, c, row, src, streaming):
+    """Store the result of chunk ``c`` into the output of ``ws``: :func:`_store32`,
+    or :func:`block16.store_chunk` for a 16-bit call (no streaming stores).
+    Returns whether streaming stores were used."""
+    return (_store16 if ws.xh is not None else _store32)(ws, c, row, src, streaming)
+
+
+@overload(_store_payload, inline="always")
+def _store_payload_typed(ws, c, row, src, streaming):
+    return _store16 if has16(ws) else _store32
+
+
+@kernel(inline=True)
+def _copy(dst, lo, src):
+    """``dst[lo : lo + len(src)] = src``."""
+    d = dst[lo : lo + src.shape[0]]
+    for i in range(src.shape[0]):
+        d[i] = src[i]
+
+
+def _values32(ws, lo, values_i, values_f, values_h):
+    if ws.is_float:
+        _copy(ws.of, lo, values_f)
+    else:
+        _copy(ws.oi, lo, values_i)
+
+
+def _values16(ws, lo, values_i, values_f, values_h):
+    if ws.half != block16.HALF_NONE:
+        _copy(ws.oh, lo, values_h)
+    else:  # float32 on the 16-bit wire
+        _copy(ws.of, lo, values_f)
+
+
+def _store_values(ws, lo, values_i, values_f, values_h):
+    """Copy a chunk's output from elsewhere (:func:`apply_result`) into the output
+    of ``ws`` at ``lo``: ``values_h`` for a 16-bit tensor, else ``values_f``
+    (float32) or ``values_i`` (int32)."""
+    (_values16 if ws.xh is not None else _values32)(ws, lo, values_i, values_f, values_h)
+
+
+@overload(_store_values, inline="always")
+def _store_values_typed(ws, lo, values_i, values_f, values_h):
+    return _values16 if has16(ws) else _values32
+
+
 @kernel
 def timeout(rtt, rto_min, rto_max):
     """A new packet's timeout: ``srtt + 4 rttvar`` (RFC 6298) within
@@ -291,14 +418,9 @@ def _advance(s, now, ws, rto0):
         e0 = ws.my_exp[nxt + ws.nslots] if nxt + ws.nslots < ws.nchunks else EXP_NONE
     row = ws.rows[s]
     write_header(row, ws.code, ws.job_number, nxt, st, s, e0, 0)
-    if ws.wire16 or ws.half != block16.HALF_NONE:
-        if ws.wire16:
-            set_format(row, 1)
-        block16.fill_chunk(row, ws, nxt)
-    else:
-        _fill_data(
-            row, ws.xi, ws.xf, ws.is_float, nxt, ws.nvals, ws.shared_exp, ws.num_workers, ws.limit
-        )
+    if ws.wire16:
+        set_format(row, 1)
+    _fill_payload(row, ws, nxt)
     ws.deadline[s] = now + rto0
     ws.rto[s] = rto0
     ws.tries[s] = 0
@@ -384,12 +506,12 @@ def on_results(addrs, lens, ok, n, now, ws):
     does not turn slow results into a retransmission storm; duplicate results
     raise the floor (:func:`spurious`)."""
     rtt, counters, chunk = ws.rtt, ws.counters, ws.chunk
-    nvals, nslots, is_float = ws.nvals, ws.nslots, ws.is_float
+    nslots, is_float = ws.nslots, ws.is_float
     n_send = 0
     plen = ws.rows.shape[1]  # HEADER_LEN + 4N: nvals = N values of 32 bits, or 2N of 16
     first = type_size_byte(ws.code) | (FORMAT_BIT if ws.wire16 else 0)  # byte 0 of a result
     rto0 = timeout(rtt, ws.rto_min, ws.rto_max)
-    n_total = ws.of.shape[0] if is_float else ws.oi.shape[0]
+    n_total = ws.of.shape[0] if is_float else ws.oi.shape[0]  # (a 16-bit tensor: 0)
     streaming = 4 * n_total >= stream.MIN_BYTES  # a large output: streaming stores
     streamed = False
     for r in range(n):
@@ -426,34 +548,9 @@ def on_results(addrs, lens, ok, n, now, ws):
             rto0 = rtt_sample(rtt, now - (ws.deadline[s] - ws.rto[s]), ws.rto_min, ws.rto_max)
         if c == -1:
             ws.shared_exp[s] = e0
-        elif ws.wire16 or ws.half != block16.HALF_NONE:
-            block16.store_chunk(ws, c, addrs[r] + HEADER_LEN)
-            if c + nslots < ws.nchunks:
-                ws.shared_exp[c + nslots] = e0
         else:
-            lo = c * nvals
-            hi = min(lo + nvals, n_total)
-            p = _payload(row, nvals)
-            src = addrs[r] + HEADER_LEN
-            # the output chunk as its own slice: the loops index both sides alike
-            # and vectorize (with ``of[i]``/``p[i - lo]`` they took twice as long);
-            # they store what the streaming stores left (all without streaming)
-            if is_float:
-                inv = 1.0 / _scale(ws.shared_exp[c], ws.num_workers)
-                o = ws.of[lo:hi]
-                a, b = _streamed_part(o, src, inv, True, streaming)
-                for i in range(a):
-                    o[i] = np.float32(np.float64(np.int32(bswap32(p[i]))) * inv)
-                for i in range(b, hi - lo):
-                    o[i] = np.float32(np.float64(np.int32(bswap32(p[i]))) * inv)
-            else:
-                o = ws.oi[lo:hi]
-                a, b = _streamed_part(o, src, 1.0, False, streaming)
-                for i in range(a):
-                    o[i] = np.int32(bswap32(p[i]))
-                for i in range(b, hi - lo):
-                    o[i] = np.int32(bswap32(p[i]))
-            streamed = streamed or streaming
+            if _store_payload(ws, c, row, addrs[r] + HEADER_LEN, streaming):
+                streamed = True
             if is_float and c + nslots < ws.nchunks:
                 ws.shared_exp[c + nslots] = e0
         if _advance(s, now, ws, rto0):
@@ -478,23 +575,9 @@ def apply_result(s, e0, values_i, values_f, values_h, now, ws):
     if c == -1:
         ws.shared_exp[s] = e0
     else:
-        lo = c * ws.nvals
-        if ws.half != block16.HALF_NONE:
-            oh = ws.oh[lo : lo + values_h.shape[0]]
-            for i in range(values_h.shape[0]):
-                oh[i] = values_h[i]
-            if c + ws.nslots < ws.nchunks:
-                ws.shared_exp[c + ws.nslots] = e0
-        elif ws.is_float:
-            o = ws.of[lo : lo + values_f.shape[0]]
-            for i in range(values_f.shape[0]):
-                o[i] = values_f[i]
-            if c + ws.nslots < ws.nchunks:
-                ws.shared_exp[c + ws.nslots] = e0
-        else:
-            o = ws.oi[lo : lo + values_i.shape[0]]
-            for i in range(values_i.shape[0]):
-                o[i] = values_i[i]
+        _store_values(ws, c * ws.nvals, values_i, values_f, values_h)
+        if ws.is_float and c + ws.nslots < ws.nchunks:
+            ws.shared_exp[c + ws.nslots] = e0
     rto0 = timeout(ws.rtt, ws.rto_min, ws.rto_max)
     if _advance(s, now, ws, rto0):
         return _send_or_wait(s, now, ws, 0)

@@ -47,6 +47,7 @@ SUPPORTED_DTYPES = (np.dtype(np.int32), np.dtype(np.float32), np.dtype(np.float1
 BFLOAT16 = "bfloat16"
 #: Allreduce.dtype: the element type of a call's tensor
 DTYPE_NAMES = ("int32", "float32", "float16", BFLOAT16)
+HALF_DTYPES = ("float16", BFLOAT16)  # the 16-bit ones
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ def check_input(
     float16 and bfloat16 arrays as uint16 views of their bit patterns."""
     if not isinstance(x, np.ndarray):
         raise TypeError(f"allreduce takes a numpy array, got {type(x).__name__}")
-    half = dtype_name(x, bfloat16) in ("float16", BFLOAT16)
+    half = dtype_name(x, bfloat16) in HALF_DTYPES
     if not x.flags.c_contiguous:
         raise ValueError("allreduce needs a C-contiguous array (use np.ascontiguousarray)")
     if out is None:
@@ -255,8 +256,15 @@ class Allreduce:
             self.limit = float(K.INT32_MAX // proto.num_workers)
         self.expected_results = self.nchunks + (min(k, self.nchunks) if self.is_float else 0)
         self.last_progress = now
+        #: how long the call waits without a result (:meth:`check`): the session's
+        #: ``Timing.no_progress``; a client may allow a call more (hostlib.client)
+        self.no_progress = float(proto.timing.no_progress)
         self._started = False
         t = proto.timing
+        #: whether the call has 16-bit data (a 16-bit wire or tensor): its state
+        #: then carries the 16-bit arrays, and the kernels run their 16-bit version
+        #: (a 32-bit call's state has None there, a type that compiles no 16-bit code)
+        self.has16 = self.values16 or self.half != block16.HALF_NONE
         #: the call as the kernels take it (:class:`swemu.protocol.worker.kernels.WorkerState`)
         self.state = K.WorkerState(
             xi=self.xi,
@@ -267,8 +275,8 @@ class Allreduce:
             my_exp=self.my_exp,
             shared_exp=self.shared_exp,
             limit=self.limit,
-            xh=self.xh,
-            oh=self.oh,
+            xh=self.xh if self.has16 else None,
+            oh=self.oh if self.has16 else None,
             half=int(self.half),
             wire16=self.values16,
             nchunks=int(self.nchunks),
@@ -345,7 +353,7 @@ class Allreduce:
 
     def check(self, now: float, where: str = "the switch") -> None:
         """Raise :class:`NoProgressError` if no result arrived for too long."""
-        limit = self.proto.timing.no_progress
+        limit = self.no_progress
         if self.done or now - self.last_progress < limit:
             return
         active = np.flatnonzero(self.chunk != K.DONE)
@@ -464,14 +472,34 @@ class Allreduce:
         return [memoryview(rows[s]) for s in self.send[:n].tolist()]
 
 
-def warmup() -> None:
+#: the warm-up calls: (dtype, on the 16-bit wire); one compiled version of the
+#: kernels serves every 32-bit call, another every call with 16-bit data
+WARMUP32 = ((np.int32, False), (np.float32, False))
+WARMUP16 = ((np.float16, True),)
+
+
+def warmup(values16: bool = False) -> None:
     """Compile (or load from Numba's cache) every kernel of the worker's data
-    path, before any clock starts (int32, float32, and float16 on the 16-bit
-    wire: one compiled version serves them all, each run once to check it): a
-    first allreduce must not spend its no-progress budget compiling."""
-    for dtype, values16 in ((np.int32, False), (np.float32, False), (np.float16, True)):
+    path for 32-bit calls (int32 and float32), and with ``values16`` for calls
+    with 16-bit data too (:func:`warmup16`), each run once to check it, before
+    any clock starts: a first allreduce must not spend its no-progress budget
+    compiling. A float32 or int32 job leaves the 16-bit version uncompiled
+    (``kernels``: the state's type chooses the version)."""
+    warmup_calls(WARMUP32 + (WARMUP16 if values16 else ()))
+
+
+def warmup16() -> None:
+    """:func:`warmup` of the kernels' version for calls with 16-bit data only
+    (float16 on the 16-bit wire: the same version serves float16 and bfloat16
+    on either wire, and float32 on the 16-bit wire)."""
+    warmup_calls(WARMUP16)
+
+
+def warmup_calls(calls: tuple[tuple[type, bool], ...]) -> None:
+    """Run a small call of each ``(dtype, values16)`` through the kernels."""
+    for dtype, wire16 in calls:
         proto = WorkerProtocol(num_workers=1, size_code=0, window=1)
-        op = proto.allreduce(np.ones(40, dtype), None, 0.0, values16=values16)
+        op = proto.allreduce(np.ones(40, dtype), None, 0.0, values16=wire16)
         for _ in range(3):  # exponent packet (float32), then two data chunks
             n = op.initial(0.0) if not op._started else op.handle_timer(op.get_timer())
             if op.done or n == 0:
