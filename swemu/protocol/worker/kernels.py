@@ -264,7 +264,7 @@ def _fill_payload(row, ws, chunk):
     (_fill16 if ws.xh is not None else _fill32)(row, ws, chunk)
 
 
-@overload(_fill_payload, inline="always")
+@overload(_fill_payload)
 def _fill_payload_typed(row, ws, chunk):
     return _fill16 if has16(ws) else _fill32
 
@@ -310,7 +310,7 @@ def _store_payload(ws, c, row, src, streaming):
     return (_store16 if ws.xh is not None else _store32)(ws, c, row, src, streaming)
 
 
-@overload(_store_payload, inline="always")
+@overload(_store_payload)
 def _store_payload_typed(ws, c, row, src, streaming):
     return _store16 if has16(ws) else _store32
 
@@ -344,7 +344,7 @@ def _store_values(ws, lo, values_i, values_f, values_h):
     (_values16 if ws.xh is not None else _values32)(ws, lo, values_i, values_f, values_h)
 
 
-@overload(_store_values, inline="always")
+@overload(_store_values)
 def _store_values_typed(ws, lo, values_i, values_f, values_h):
     return _values16 if has16(ws) else _values32
 
