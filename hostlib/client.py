@@ -843,7 +843,8 @@ _warm16 = False
 #: every worker compiles the kernels' 16-bit version on its first such call
 #: (unless the job warmed it up ahead, ``Options.values16``), the others wait
 #: for its packets meanwhile, and a worker whose cache had them waits longest
-#: (measured: 3-12 s of compiling per worker, four on two cores; docs/performance.md).
+#: (measured: 10 s alone; four workers at once on two busy cores, 68-70 s each,
+#: 12 s of CPU; docs/performance.md).
 FIRST16_NO_PROGRESS = 120.0
 #: Seconds a closing worker waits for the controller to acknowledge its Release.
 RELEASE_TIMEOUT = 2.0
