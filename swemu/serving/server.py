@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from swemu.core.engine import Batch, EngineConfig, SwitchEngine, warmup
+from swemu.core.engine import Batch, EngineConfig, SwitchEngine
 from swemu.observe.metrics import MetricsServer
 from swemu.observe.pcap import DEFAULT_MAX_BYTES, DEFAULT_MAX_PACKETS, PcapWriter
 from swemu.observe.stats import EmulatorControlService, FaultHandler, add_to_server
@@ -320,9 +320,10 @@ class Emulator:
         is answered at once (a p4app-switchML client that registered during the
         compilation got ``CANCELLED``)."""
         self._loop = asyncio.get_running_loop()
+        # the data plane's kernels only: the engine's Python path (Batch, process),
+        # which no part of a server calls, is not compiled (seconds of a first run)
         with compiling_said(log):
             dataplane_warmup(self._loop, tap=self._pcap is not None)  # its receive path first
-            warmup()
         self._sock = bind_udp(self.host, self.requested_port)
         self.port = self._sock.getsockname()[1]
         advice = buffer_advice(receive_buffer(self._sock), SWITCH_BUFFER_BYTES, "the emulator")

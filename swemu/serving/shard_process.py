@@ -186,17 +186,15 @@ async def _shard_serve(
     faults: FaultConfig | None,
     seed: int | None,
 ) -> None:
-    from swemu.core.engine import warmup
     from swemu.protocol.jit import compiling_said
 
     loop = asyncio.get_running_loop()
     try:
-        with compiling_said(log):
-            warmup()
-        shard = _Shard(index, count, sock, conn, config, loop)
-        if faults is not None:
-            shard.op_faults(faults, 0, None, seed)
-        shard.data.start()
+        with compiling_said(log):  # the data plane compiles what it serves as it starts
+            shard = _Shard(index, count, sock, conn, config, loop)
+            if faults is not None:
+                shard.op_faults(faults, 0, None, seed)
+            shard.data.start()
     except Exception as exc:  # said once, by the main process: no traceback here
         conn.send((0, False, f"{type(exc).__name__}: {exc}"))
         raise SystemExit(1) from None
