@@ -8,7 +8,8 @@ instead: it compiles (or loads from Numba's cache) every kernel a worker uses,
 once, so that the N workers started after it load them from the cache rather
 than each compiling the same kernels at the same time; with a DTYPE (int32 or
 float32, the built-in workers' ``--dtype``) only that type's test data
-kernels (the library's own are warmed for both, as each worker's context does). It prints
+kernels (the library's own are warmed for both, as each worker's context does)
+and not the event loop's path, which those workers do not take. It prints
 :data:`COMPILING` when the cache missed (a first run), then ``WARM <seconds>``.
 """
 
@@ -76,10 +77,12 @@ def _in_table_terms(message: str, phase: str) -> str:
     return re.sub(r"^allreduce #\d+", phase, message)
 
 
-def warm_up(dtypes: tuple[str, ...] = ("int32", "float32")) -> int:
+def warm_up(dtypes: tuple[str, ...] = ("int32", "float32"), pump: bool = True) -> int:
     """Compile or load every kernel of a ``switchml run`` worker (its test data
     kernels for ``dtypes``), in this one process. Says :data:`COMPILING` as soon as Numba compiles
-    anything (its ``numba:compile`` event fires only on a cache miss)."""
+    anything (its ``numba:compile`` event fires only on a cache miss). ``pump``:
+    the event loop's path too (a user's command may take it); the built-in
+    workers (:func:`main`) only block (``hostlib.Context``), so without it."""
     t0 = time.perf_counter()
     from hostlib import fastpath
     from swemu.protocol import fastio
@@ -88,9 +91,11 @@ def warm_up(dtypes: tuple[str, ...] = ("int32", "float32")) -> int:
     from swemu.protocol.worker.testdata import check_result, worker_input
 
     with watch_compiles(lambda: print(COMPILING, flush=True)):
+        if fastio.AVAILABLE:
+            fastpath.warmup_plain_receive()  # first: the emulator beside us loads it
         warmup()  # both dtypes, as each worker's context does (hostlib.client)
         if fastio.AVAILABLE:
-            fastpath.warmup()
+            fastpath.warmup(pump=pump)
         for dtype in dtypes:  # the built-in workers' inputs and checks
             x = worker_input(0, 64, 0, np.dtype(dtype))
             check_result(x, 1, 0, 64)
@@ -100,5 +105,7 @@ def warm_up(dtypes: tuple[str, ...] = ("int32", "float32")) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--warm-up"]:
-        sys.exit(warm_up(tuple(sys.argv[2:]) or ("int32", "float32")))
+        # with a DTYPE: the built-in workers' warm-up; without: a user's command's
+        dtypes = tuple(sys.argv[2:])
+        sys.exit(warm_up(dtypes or ("int32", "float32"), pump=not dtypes))
     sys.exit(main())

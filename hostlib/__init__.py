@@ -81,7 +81,7 @@ class Context:
 
     def __init__(self, options: Options) -> None:
         self._loop = _new_loop()
-        self._actx = AsyncContext(options)
+        self._actx = AsyncContext(options, blocking=True)
 
     @property
     def options(self) -> Options:

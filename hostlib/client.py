@@ -142,8 +142,13 @@ class Options:
 class AsyncContext:
     """A worker's membership of a job, for asyncio code (see :func:`hostlib.aconnect`)."""
 
-    def __init__(self, options: Options, *, fast: bool | None = None) -> None:
+    def __init__(
+        self, options: Options, *, fast: bool | None = None, blocking: bool = False
+    ) -> None:
         self.options = options
+        #: made for :class:`hostlib.Context`: its calls take :meth:`allreduce_blocking`
+        #: whenever :attr:`can_block`, so the event loop's compiled path is not warmed
+        self.blocking = blocking
         if fast is None:  # SWEMU_PORTABLE=1 forces the portable socket path
             fast = os.environ.get("SWEMU_PORTABLE", "") in ("", "0")
         self.fast = fast and fastio.AVAILABLE
@@ -200,7 +205,7 @@ class AsyncContext:
         self._loop = asyncio.get_running_loop()
         # compile before joining: the others wait for us at the barrier (the 16-bit
         # kernels too if the job says it sends 16-bit values; else on a first 16-bit call)
-        _warmup_once(o.values16)
+        _warmup_once(o.values16, self._pumps)
         ctl = ControlClient(o.control, connect_timeout=o.connect_timeout)
         try:
             await ctl.connect()
@@ -537,7 +542,7 @@ class AsyncContext:
         wire16 = self.wire16(x, values16, bfloat16)
         first16 = not self._had16 and (wire16 or dtype_name(x, bfloat16) in HALF_DTYPES)
         if first16:
-            _warmup16_once()
+            _warmup16_once(self._pumps)
         result = self.results.empty_like(x) if out is None else out
         op = self.protocol.allreduce(x, result, clock(), values16=wire16, bfloat16=bfloat16)
         if first16:
@@ -629,6 +634,13 @@ class AsyncContext:
             "" if len(repairs) == 1 else "s",
         )
         return True
+
+    @property
+    def _pumps(self) -> bool:
+        """Whether calls may take the event loop's compiled path
+        (:func:`hostlib.fastpath.pump`): all but a blocking context's that can
+        block (:attr:`can_block` once open)."""
+        return not (self.blocking and self.fast and self._poll)
 
     @property
     def can_block(self) -> bool:
@@ -837,8 +849,8 @@ class AsyncContext:
             self._finish()
 
 
-_warm = False
-_warm16 = False
+#: the kernel versions this process has warmed up: (16-bit, with the event loop's path)
+_warmed: set[tuple[bool, bool]] = set()
 #: The no-progress limit of a context's first call with 16-bit data, at least:
 #: every worker compiles the kernels' 16-bit version on its first such call
 #: (unless the job warmed it up ahead, ``Options.values16``), the others wait
@@ -868,23 +880,23 @@ def _check_buffer(sock: socket.socket, o: Options) -> None:
 _buffer_warned = False
 
 
-def _warmup_once(values16: bool = False) -> None:
+def _warmup_once(values16: bool = False, pump: bool = True) -> None:
     """Compile (or load) the kernels of 32-bit calls, once per process, and with
-    ``values16`` those of calls with 16-bit data too (:func:`_warmup16_once`)."""
-    global _warm
-    if not _warm:
-        _compile(False)
-        _warm = True
+    ``values16`` those of calls with 16-bit data too (:func:`_warmup16_once`).
+    ``pump``: with the event loop's path (:func:`hostlib.fastpath.pump`), which
+    a context that only blocks does not use."""
+    if not _warmed_for(False, pump):
+        _compile(False, pump)
+        _warmed.add((False, pump))
     if values16:
-        _warmup16_once()
+        _warmup16_once(pump)
 
 
-def _warmup16_once() -> None:
+def _warmup16_once(pump: bool = True) -> None:
     """Compile (or load) the kernels' version for calls with 16-bit data, once
     per process: on the first such call, or ahead (``Options.values16``). A
     compile is logged, with how long the call waited for it."""
-    global _warm16
-    if _warm16:
+    if _warmed_for(True, pump):
         return
     t0 = time.monotonic()
 
@@ -892,21 +904,28 @@ def _warmup16_once() -> None:
         log.info("compiling the 16-bit kernels (first 16-bit call; later runs load them)")
 
     with watch_compiles(say) as watch:
-        _compile(True)
+        _compile(True, pump)
     if watch.compiled:
         log.info("compiled the 16-bit kernels in %.1f s", time.monotonic() - t0)
-    _warm16 = True
+    _warmed.add((True, pump))
 
 
-def _compile(values16: bool) -> None:
+def _warmed_for(values16: bool, pump: bool) -> bool:
+    """Whether this process has warmed up the version ``values16`` with (or,
+    ``pump`` False, with or without) the event loop's path."""
+    return (values16, True) in _warmed or (not pump and (values16, False) in _warmed)
+
+
+def _compile(values16: bool, pump: bool) -> None:
     """Warm up the protocol's and the I/O loop's kernels: those of 32-bit calls,
-    or (``values16``) those of calls with 16-bit data; a Ctrl-C meanwhile is a
-    KeyboardInterrupt (:func:`_sigint_noted`)."""
+    or (``values16``) those of calls with 16-bit data, the event loop's path
+    with ``pump``; a Ctrl-C meanwhile is a KeyboardInterrupt
+    (:func:`_sigint_noted`)."""
     with _sigint_noted() as interrupted:
         try:
             (warmup16 if values16 else warmup)()
             if fastio.AVAILABLE:
-                (fastpath.warmup16 if values16 else fastpath.warmup)()
+                (fastpath.warmup16 if values16 else fastpath.warmup)(pump=pump)
         except Exception:
             if interrupted:
                 raise KeyboardInterrupt from None

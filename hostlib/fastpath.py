@@ -115,6 +115,15 @@ def send_slots(fd, tx, send, n, slots):
 
 @kernel
 def pump(now, fd, io, ws, tx_fd):
+    """:func:`_pump` from Python (the event loop's readiness callback). Compiled
+    only for a context that uses the event loop's path: the blocking API's
+    :func:`wait_and_pump` has the loop inlined, so a process that only blocks
+    compiles it once, not also on its own (see :func:`warmup`)."""
+    return _pump(now, fd, io, ws, tx_fd)
+
+
+@kernel(inline=True)
+def _pump(now, fd, io, ws, tx_fd):
     """Drain the socket ``fd`` (``io.cap`` datagrams per ``recvmmsg``) into
     ``io.rows``, match every batch against the call ``ws``
     (:class:`swemu.protocol.worker.kernels.WorkerState`) and send what it releases from
@@ -212,10 +221,10 @@ def wait_and_pump(fd, bfd, clock, expected, no_progress, io, ws):
         # after this process was descheduled; resending their packets is spurious)
         before = counters[K.Counter.RESULTS]
         got = 0
-        if own:
-            got += pump(now, fd, io, ws, fd)
-        if shared:
-            got += pump(now, bfd, io, ws, fd)
+        # one call site for both sockets: the inlined loop is compiled once
+        for rx_fd in (fd if own else -1, bfd if shared else -1):
+            if rx_fd >= 0:
+                got += _pump(now, rx_fd, io, ws, fd)
         if got > 0:
             clock[Clock.WAKEUPS] += 1
         if counters[K.Counter.RESULTS] != before:
@@ -331,25 +340,40 @@ def enable_gso(sock: socket.socket, packet_len: int, switch_ip: str) -> int:
     return max(1, min(fastio.GSO_MAX_SEGMENTS, fastio.GSO_MAX_BYTES // packet_len))
 
 
-def warmup(values16: bool = False) -> None:
-    """Compile (or load from the cache) :func:`pump`, :func:`wait_and_pump` and
-    :func:`send_slots` for 32-bit calls (int32 and float32), and with
-    ``values16`` for calls with 16-bit data too (their own version, see
-    :func:`swemu.protocol.worker.protocol.warmup`), on an unbound socket that
-    never has data, so that no allreduce waits for the compiler."""
+def warmup(values16: bool = False, pump: bool = True) -> None:
+    """Compile (or load from the cache) :func:`wait_and_pump`, :func:`send_slots`
+    and, with ``pump``, :func:`pump` (the event loop's path) for 32-bit calls
+    (int32 and float32), and with ``values16`` for calls with 16-bit data too
+    (their own version, see :func:`swemu.protocol.worker.protocol.warmup`), on an
+    unbound socket that never has data, so that no allreduce waits for the
+    compiler. A process that only blocks (``switchml run``'s built-in workers)
+    leaves :func:`pump` out: its loop is inlined into :func:`wait_and_pump`."""
     from swemu.protocol.worker import protocol
 
-    _warmup_calls(protocol.WARMUP32 + (protocol.WARMUP16 if values16 else ()))
+    _warmup_calls(protocol.WARMUP32 + (protocol.WARMUP16 if values16 else ()), pump)
 
 
-def warmup16() -> None:
+def warmup16(pump: bool = True) -> None:
     """:func:`warmup` of the version for calls with 16-bit data only."""
     from swemu.protocol.worker import protocol
 
-    _warmup_calls(protocol.WARMUP16)
+    _warmup_calls(protocol.WARMUP16, pump)
 
 
-def _warmup_calls(calls: tuple[tuple[type, bool], ...]) -> None:
+def warmup_plain_receive() -> None:
+    """Compile (or load) the plain half of the receive path (``recvmmsg`` into
+    the rows, :func:`swemu.protocol.fastio.recv_batch`) alone. A first
+    ``switchml run``'s warm-up does this first: the emulator started beside it
+    receives the same way and loads it from the cache when it compiles the rest
+    of the receive path, which this process then loads in turn (the two
+    processes compile in parallel, each kernel once; see
+    :meth:`swemu.serving.dataplane.DataPlane.compile`)."""
+    _warmup_calls(((np.int32, False),), pump=False, plain_receive_only=True)
+
+
+def _warmup_calls(
+    calls: tuple[tuple[type, bool], ...], pump: bool, plain_receive_only: bool = False
+) -> None:
     from swemu.protocol.worker.protocol import WorkerProtocol
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -368,7 +392,11 @@ def _warmup_calls(calls: tuple[tuple[type, bool], ...]) -> None:
                 2,
                 True,
             )
-            io.pump(sock.fileno(), 0.0, op.state)
+            if plain_receive_only:
+                fastio.recv_batch(sock.fileno(), io.io.rx.plain, 0, io.io.rows)
+                continue
+            if pump:
+                io.pump(sock.fileno(), 0.0, op.state)
             clock = np.zeros(len(Clock))
             io.wait(sock.fileno(), clock, 0, 1.0, op.state)  # returns at once: done
             io.send(sock.fileno(), op.send, 0)

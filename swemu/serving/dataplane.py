@@ -306,13 +306,24 @@ class DataPlane:
         if self.fast and self.echo:
             self._echo()  # the benchmark's echo mode: compiled before it is ready too
         elif self.fast and self._tap is None:
-            # the receive path first: a worker's warm-up started beside this
-            # emulator (switchml run) uses the same kernels and loads them from
-            # the cache if they are there by then
+            # the switch's kernel first, then the receive path, then the loop
+            # that joins them: a worker warm-up started beside this emulator
+            # (switchml run) compiles the receive path's plain half first, which
+            # both use, and this one loads it from the cache by then; the
+            # warm-up later loads the rest of the receive path from this one's
+            # (the two compile in parallel, each kernel once; docs/running.md)
+            self._process_nothing()
             self._receive_nothing()
             self._drain_fast()  # an empty socket: returns at once, compiled
         else:
             self._compile_stepwise()
+
+    def _process_nothing(self) -> None:
+        """Run :func:`swemu.core.kernels.process_batch` on no rows (compiles or
+        loads the version :func:`swemu.serving.loops.drain` calls)."""
+        switch_kernels.process_batch(
+            self.io.packets, 0, 0.0, self.engine.state, switch_kernels.NO_ADDRESSES, self.engine.up
+        )
 
     def _receive_nothing(self) -> None:
         """Call :func:`fastio.receive` for no datagrams (compiles or loads it)."""
