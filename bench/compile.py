@@ -73,7 +73,8 @@ def _child(part: str, dtype: str) -> dict[str, Any]:
             dataplane_warmup = importlib.import_module("swemu.dataplane").warmup
 
         dataplane_warmup(asyncio.new_event_loop())
-        warmup()
+        if _server_warms_engine():  # an older --tree compiled the engine's Python path too
+            warmup()
     else:
         # the launcher's warm-up step, run as its command line would run it
         # (``python -m cli.worker --warm-up DTYPE``), in this process
@@ -97,6 +98,21 @@ def _child(part: str, dtype: str) -> dict[str, Any]:
         "compiles": len(rows),
         "rows": rows,
     }
+
+
+def _server_warms_engine() -> bool:
+    """Whether this tree's server compiles the engine's Python path at start
+    (``swemu.core.engine.warmup``) besides the data plane's kernels, as the
+    code before 2026-12-06 did."""
+    import inspect
+
+    for name in ("swemu.serving.server", "swemu.server"):
+        try:
+            src = inspect.getsource(importlib.import_module(name))
+        except ImportError:
+            continue
+        return "warmup()" in src.replace("dataplane_warmup(", "")
+    return True
 
 
 def _one(tree: Path, part: str, dtype: str, timeout: float) -> dict[str, Any]:
