@@ -45,10 +45,14 @@ class Restarter:
         self.emu.stop()
 
 
-def run_with_kills(emu: Restarter, plan, *, iters: int, n: int, dtype: str, **connect):
+def run_with_kills(
+    emu: Restarter, plan, *, iters: int, n: int, dtype: str, switch: str | None = "", **connect
+):
     """Run ``restart_loop`` on W ranks; ``plan(event, restart)`` sees every
     progress event ``(rank, call, what)`` and calls ``restart()`` when it wants.
-    Returns the ranks' lists of wrong results."""
+    ``switch``: the data plane the ranks are given ("": the emulator's; None:
+    none, they learn it from the control plane). Returns the ranks' lists of
+    wrong results."""
     mp = multiprocessing.get_context("spawn")
     progress, go = mp.Queue(), mp.Event()
     out: dict[str, object] = {}
@@ -56,7 +60,7 @@ def run_with_kills(emu: Restarter, plan, *, iters: int, n: int, dtype: str, **co
     def ranks() -> None:
         try:
             out["wrong"] = run_workers(
-                emu.emu.switch,
+                emu.emu.switch if switch == "" else switch,
                 emu.emu.control,
                 W,
                 restart_loop,
@@ -169,6 +173,59 @@ def test_float32_results_equal_an_uninterrupted_jobs():
     finally:
         emu.stop()
     assert fired == [1, 4]
+    assert wrong == [[]] * W
+
+
+class Mover(Restarter):
+    """The emulator the test kills and replaces by a fresh one elsewhere: the
+    control plane stays at the address the workers were given (a moved VM, a
+    name or a virtual IP pointed at the new host), the data plane comes up on
+    another address and port, which the workers learn when they resume."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.data_planes = [self.emu.data]
+
+    def restart(self) -> None:
+        t0 = time.monotonic()
+        self.emu.kill()
+        t1 = time.monotonic()
+        host = f"127.0.0.{3 + len(self.restarts)}"  # a new address, any free port
+        self.emu = EmulatorProcess(
+            "--control-host", "127.0.0.1", host=host, control_port=self.ports[1]
+        )
+        self.emu.start()
+        self.data_planes.append(self.emu.data)
+        self.restarts.append((time.monotonic() - t0, time.monotonic() - t1))
+
+
+@pytest.mark.slow
+def test_a_fresh_switch_elsewhere_takes_the_job_over():
+    """The emulator is SIGKILLed during a call and a fresh one takes over, its
+    data plane on another address and port (the workers were given the control
+    address only, and learn the data plane from it): the job goes on and every
+    result is the exact sum."""
+    emu = Mover()
+    fired: list[int] = []
+
+    def plan(event, restart, go):
+        rank, call, what = event
+        if what == "joined":
+            go.set()
+        if what == "start" and rank == 2 and call in (2, 5) and call not in fired:
+            fired.append(call)
+            time.sleep(0.005)
+            restart()
+
+    control = emu.emu.control
+    try:
+        wrong = run_with_kills(emu, plan, iters=8, n=200_000, dtype="int32", window=16, switch=None)
+    finally:
+        emu.stop()
+    assert fired == [2, 5]
+    hosts = [h for h, _ in emu.data_planes]
+    assert hosts == ["127.0.0.1", "127.0.0.3", "127.0.0.4"], emu.data_planes
+    assert emu.emu.control == control
     assert wrong == [[]] * W
 
 
