@@ -158,6 +158,7 @@ class AsyncContext:
         self.protocol: WorkerProtocol | None = None
         self._sock: socket.socket | None = None
         self._bsock: socket.socket | None = None  # loopback-broadcast results, if offered
+        self._blocking_recovery = False  # a blocking call's _recover runs (_recover_blocking)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._op: Allreduce | None = None
         self._done: asyncio.Future | None = None
@@ -683,9 +684,7 @@ class AsyncContext:
                     raise SwitchMLError("the SwitchML context was closed during an allreduce")
                 if status == fastpath.Run.TIMER:
                     t = float(clock[fastpath.Clock.NOW])
-                    if self._probe_due(op, t) and self._loop.run_until_complete(
-                        self._recover(op, time.monotonic)
-                    ):
+                    if self._probe_due(op, t) and self._recover_blocking(op):
                         clock[fastpath.Clock.PROGRESS] = op.last_progress
                         continue
                     self._retransmit(op, t)
@@ -695,6 +694,25 @@ class AsyncContext:
             self._record_stats(op)
             self._op = None
         return result
+
+    def _recover_blocking(self, op: Allreduce) -> bool:
+        """:meth:`_recover` for :meth:`allreduce_blocking`, with the sockets' readers
+        off meanwhile: what arrives waits for the blocking loop (a resume drops
+        what is stale itself), so the event loop's compiled path
+        (:func:`hostlib.fastpath.pump`), which a blocking context does not warm
+        up, is never compiled in the middle of a call."""
+        loop = self._loop
+        self._blocking_recovery = True
+        for sock in (self._sock, self._bsock):
+            if sock is not None:
+                loop.remove_reader(sock.fileno())
+        try:
+            return loop.run_until_complete(self._recover(op, time.monotonic))
+        finally:
+            self._blocking_recovery = False
+            for sock in (self._sock, self._bsock):  # a resume may have opened a new one
+                if sock is not None:
+                    loop.add_reader(sock.fileno(), self._on_readable)
 
     def _record_stats(self, op: Allreduce) -> None:
         self.last_stats = {
@@ -788,6 +806,11 @@ class AsyncContext:
     def _on_readable_fast(self, fd: int) -> None:
         op = self._op
         io = self._io
+        if self._blocking_recovery and op is not None:
+            # a reader a resume registered again: leave the data to the blocking
+            # loop (see _recover_blocking), without spinning on it meanwhile
+            self._loop.remove_reader(fd)
+            return
         if op is None:  # between calls: count and drop
             self.stale += io.discard_all(fd)
             return

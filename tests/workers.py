@@ -143,6 +143,13 @@ def restart_loop(
             wrong.append(
                 f"call {call}: {bad.size} values differ, chunks {sorted(set(bad // nvals))}"
             )
+    from hostlib import fastpath
+
+    if ctx._actx.can_block and fastpath.pump.signatures:
+        # a blocking context's recoveries leave the sockets to its own loop: the
+        # event loop's path, which it does not warm up, must not have run (and
+        # compiled, on a first run, in the middle of a call)
+        wrong.append("the event loop's compiled path (fastpath.pump) ran")
     return wrong
 
 
