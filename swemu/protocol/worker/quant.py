@@ -148,7 +148,8 @@ def dequantize16(total: np.ndarray, exp: int, num_workers: int, dtype: str = "fl
     if dtype == "float32":
         return y
     if dtype == "float16":
-        return y.astype(np.float16)
+        with np.errstate(over="ignore"):  # past float16's range the result is ±inf, as meant
+            return y.astype(np.float16)
     if dtype == "bfloat16":
         return bfloat16_bits(y)
     raise ValueError(f"dtype must be float32, float16 or bfloat16, not {dtype!r}")
