@@ -128,6 +128,24 @@ def seeded_plan(seed: int, iters: int):
     return plan
 
 
+def mid_call_plan(rank: int, calls: tuple[int, ...]):
+    """A kill plan: go at once, and kill just after rank ``rank`` starts each of
+    ``calls`` (``plan.fired`` lists the calls it killed in)."""
+    fired: list[int] = []
+
+    def plan(event, restart, go) -> None:
+        r, call, what = event
+        if what == "joined":
+            go.set()
+        if what == "start" and r == rank and call in calls and call not in fired:
+            fired.append(call)
+            time.sleep(0.005)
+            restart()
+
+    plan.fired = fired
+    return plan
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [11, 23])
 def test_int32_loop_survives_restarts_at_seeded_points(seed):
@@ -155,24 +173,14 @@ def test_float32_results_equal_an_uninterrupted_jobs():
     (quant.simulate_allreduce), so within §4's bound."""
     emu = Restarter()
     iters = 6
-    fired = []
-
-    def plan(event, restart, go):
-        rank, call, what = event
-        if what == "joined":
-            go.set()
-        if what == "start" and rank == 1 and call in (1, 4) and call not in fired:
-            fired.append(call)
-            time.sleep(0.005)
-            restart()
-
+    plan = mid_call_plan(1, (1, 4))
     try:
         wrong = run_with_kills(
             emu, plan, iters=iters, n=200_000, dtype="float32", packet_size=6, window=16
         )
     finally:
         emu.stop()
-    assert fired == [1, 4]
+    assert plan.fired == [1, 4]
     assert wrong == [[]] * W
 
 
@@ -206,23 +214,13 @@ def test_a_fresh_switch_elsewhere_takes_the_job_over():
     address only, and learn the data plane from it): the job goes on and every
     result is the exact sum."""
     emu = Mover()
-    fired: list[int] = []
-
-    def plan(event, restart, go):
-        rank, call, what = event
-        if what == "joined":
-            go.set()
-        if what == "start" and rank == 2 and call in (2, 5) and call not in fired:
-            fired.append(call)
-            time.sleep(0.005)
-            restart()
-
+    plan = mid_call_plan(2, (2, 5))
     control = emu.emu.control
     try:
         wrong = run_with_kills(emu, plan, iters=8, n=200_000, dtype="int32", window=16, switch=None)
     finally:
         emu.stop()
-    assert fired == [2, 5]
+    assert plan.fired == [2, 5]
     hosts = [h for h, _ in emu.data_planes]
     assert hosts == ["127.0.0.1", "127.0.0.3", "127.0.0.4"], emu.data_planes
     assert emu.emu.control == control
