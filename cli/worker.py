@@ -91,8 +91,6 @@ def warm_up(dtypes: tuple[str, ...] = ("int32", "float32"), pump: bool = True) -
     from swemu.protocol.worker.testdata import check_result, worker_input
 
     with watch_compiles(lambda: print(COMPILING, flush=True)):
-        if fastio.AVAILABLE:
-            fastpath.warmup_plain_receive()  # first: the emulator beside us loads it
         warmup()  # both dtypes, as each worker's context does (hostlib.client)
         if fastio.AVAILABLE:
             fastpath.warmup(pump=pump)

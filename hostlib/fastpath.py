@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from swemu.protocol import fastio
-from swemu.protocol.fastio import Receiver, Rows, TxVec
+from swemu.protocol.fastio import GroVec, Rows, TxVec
 from swemu.protocol.jit import kernel
 from swemu.protocol.rawmem import unowned
 from swemu.protocol.worker import kernels as K
@@ -44,15 +44,15 @@ class Slots(NamedTuple):
 
 class WorkerIO(NamedTuple):
     """One worker socket as the compiled loops use it: how it is read (``rx``,
-    up to ``cap`` datagrams into ``rows`` per batch; ``row_addr[r]`` is row r's
-    address, ``ok[r]`` whether datagram r came from ``switch_ip`` and one of the
-    ports), how packets leave (``tx`` and ``slots``), and the ``struct pollfd``
-    pair (int32[4]: its socket, the loopback-broadcast one) and ``struct
-    timespec`` (int64[2]) the blocking wait uses."""
+    up to ``cap`` datagrams per batch, read where they landed: ``rx.addr[r]``
+    is datagram r's address, ``rows`` its length and source, ``ok[r]`` whether
+    it came from ``switch_ip`` and one of the ports), how packets leave (``tx``
+    and ``slots``), and the ``struct pollfd`` pair (int32[4]: its socket, the
+    loopback-broadcast one) and ``struct timespec`` (int64[2]) the blocking
+    wait uses."""
 
-    rx: Receiver
+    rx: GroVec
     rows: Rows
-    row_addr: np.ndarray
     ok: np.ndarray
     cap: int
     switch_ip: int
@@ -143,8 +143,7 @@ def _pump(now, fd, io, ws, tx_fd):
                     if rows.port[r] == p:
                         good = 1
             ok[r] = good
-        addrs = io.rx.landing.addr if io.rx.gro else io.row_addr  # GRO: where they landed
-        m = K.on_results(addrs, rows.lens, ok, n, now, ws)
+        m = K.on_results(io.rx.addr, rows.lens, ok, n, now, ws)  # where they landed
         ws.counters[K.Counter.SENT] += m
         if m > 0:
             send_slots(tx_fd, io.tx, ws.send, m, io.slots)
@@ -238,7 +237,9 @@ class FastIO:
     """The preallocated message vectors of one worker socket, as the record
     :class:`WorkerIO` the compiled loops take, built once per membership.
 
-    ``batch`` receives datagrams (one per row; ``lens``/``ok`` per row), ``rows``
+    ``batch``'s shape bounds a batch (its rows) and a datagram's length (its
+    columns; the datagrams are read where they landed, ``lens``/``ok`` per
+    datagram), ``rows``
     are the protocol's outstanding packets (one per slot), slot s goes to
     ``switch_ip:ports[s % len(ports)]`` (docs/protocol.md §5 ``data_ports``).
     ``seg_max`` > 1 sends up to that many packets per message (the socket must
@@ -257,16 +258,15 @@ class FastIO:
     ) -> None:
         cap = batch.shape[0]
         k = rows.shape[0]
-        rx = fastio.MsgVec(cap)
-        rx.point_at_rows(batch)
-        #: GRO: the datagrams are read where the kernel landed them (zero copy)
+        #: UDP_GRO is on for the socket (and the broadcast one): coalesced results
         self.gro = bool(gro)
-        self._landing = fastio.GroRx(fastio.GRO_MESSAGES, cap) if gro else fastio.GroRx(1)
+        # the datagrams are read where the kernel landed them (zero copy), with
+        # UDP_GRO or without (then each landed message is one datagram)
+        self._landing = fastio.GroRx(fastio.GRO_MESSAGES, cap)
         self.bfd = -1  # the loopback-broadcast socket, if the job has one
         self.io = WorkerIO(
-            rx=Receiver(rx.rx(), self.gro, self._landing.landing()),
+            rx=self._landing.landing(),
             rows=Rows(batch, lens, np.zeros(cap, np.uint32), np.zeros(cap, np.int32)),
-            row_addr=batch.ctypes.data + batch.strides[0] * np.arange(cap, dtype=np.int64),
             ok=ok,
             cap=cap,
             switch_ip=int(switch_ip),
@@ -360,20 +360,7 @@ def warmup16(pump: bool = True) -> None:
     _warmup_calls(protocol.WARMUP16, pump)
 
 
-def warmup_plain_receive() -> None:
-    """Compile (or load) the plain half of the receive path (``recvmmsg`` into
-    the rows, :func:`swemu.protocol.fastio.recv_batch`) alone. A first
-    ``switchml run``'s warm-up does this first: the emulator started beside it
-    receives the same way and loads it from the cache when it compiles the rest
-    of the receive path, which this process then loads in turn (the two
-    processes compile in parallel, each kernel once; see
-    :meth:`swemu.serving.dataplane.DataPlane.compile`)."""
-    _warmup_calls(((np.int32, False),), pump=False, plain_receive_only=True)
-
-
-def _warmup_calls(
-    calls: tuple[tuple[type, bool], ...], pump: bool, plain_receive_only: bool = False
-) -> None:
+def _warmup_calls(calls: tuple[tuple[type, bool], ...], pump: bool) -> None:
     from swemu.protocol.worker.protocol import WorkerProtocol
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -392,9 +379,6 @@ def _warmup_calls(
                 2,
                 True,
             )
-            if plain_receive_only:
-                fastio.recv_batch(sock.fileno(), io.io.rx.plain, 0, io.io.rows)
-                continue
             if pump:
                 io.pump(sock.fileno(), 0.0, op.state)
             clock = np.zeros(len(Clock))

@@ -18,8 +18,8 @@ Buffers (all preallocated, their addresses taken once):
 The compiled functions take them as records, each declared once here:
 :class:`Rows` (where received datagrams go), :class:`Sends` (what to send),
 :class:`RxVec` and :class:`TxVec` (a :class:`MsgVec` for receiving or
-sending), :class:`GroVec` (a :class:`GroRx` landing area) and
-:class:`Receiver` (plain or coalesced receiving, what :func:`receive` takes).
+sending) and :class:`GroVec` (a :class:`GroRx` landing area, what
+:func:`receive` takes).
 Records are NamedTuples: Numba passes their fields as it would separate
 arguments, and compiled code reads them by name.
 
@@ -183,7 +183,7 @@ class MsgVec:
             self.iov[i, 1] = buf.shape[1]
 
     def rx(self) -> RxVec:
-        """This vector as :func:`recv_batch` takes it (after :meth:`point_at_rows`)."""
+        """This vector as :func:`recv_batch_flags` takes it (after :meth:`point_at_rows`)."""
         return RxVec(self.hdr, self.iov, self.names)
 
     def tx(self, seg_max: int = 1) -> TxVec:
@@ -192,17 +192,14 @@ class MsgVec:
 
 
 @kernel
-def recv_batch(fd, v, cap, rows):
-    """Receive up to ``cap`` datagrams without blocking into the rows the iovecs
-    of ``v`` (:class:`RxVec`) point at; fill ``rows``' lengths and source
-    addresses (:class:`Rows`). Returns the count (0 if none)."""
-    return recv_batch_flags(fd, v, cap, rows, MSG_DONTWAIT)
-
-
-@kernel
 def recv_batch_flags(fd, v, cap, rows, flags):
-    """:func:`recv_batch` with explicit ``recvmmsg`` flags (0 blocks until a
-    datagram arrives or the socket's SO_RCVTIMEO expires)."""
+    """Receive up to ``cap`` datagrams into the rows the iovecs of ``v``
+    (:class:`RxVec`) point at; fill ``rows``' lengths and source addresses
+    (:class:`Rows`). Returns the count (0 if none). ``flags`` are
+    ``recvmmsg``'s: :data:`MSG_DONTWAIT`, or 0 to block until a datagram
+    arrives or the socket's SO_RCVTIMEO expires. (The switch and the workers
+    receive through :func:`receive`; this is ``bench switch``'s plain
+    receive.)"""
     hdr = v.hdr
     for i in range(cap):
         hdr[i, 1] = 16  # msg_namelen is in/out
@@ -415,16 +412,6 @@ class GroVec(NamedTuple):
     addr: np.ndarray
 
 
-class Receiver(NamedTuple):
-    """How :func:`receive` reads a socket: ``recvmmsg`` straight into the rows
-    (``plain``), or, with ``gro``, through the landing area of coalesced
-    messages (``landing``)."""
-
-    plain: RxVec
-    gro: bool
-    landing: GroVec
-
-
 class GroRx:
     """Receiving with UDP generic receive offload (``UDP_GRO``).
 
@@ -436,7 +423,10 @@ class GroRx:
     batch, so the code behind it sees exactly what plain ``recvmmsg`` gave.
     The cursor (:class:`Cursor`) keeps what did not fit into one batch for the
     next call. With ``rows`` > 0 it copies nothing: it gives each datagram's
-    address in the landing area instead (``addr``), valid until the next call."""
+    address in the landing area instead (``addr``), valid until the next call.
+
+    The compiled paths receive this way whether ``UDP_GRO`` is on or not (off,
+    or a sender without GSO: each landed message is one datagram)."""
 
     def __init__(self, capacity: int, rows: int = 0) -> None:
         self.vec = MsgVec(capacity)
@@ -563,14 +553,14 @@ def recv_rows(fd, g, rows, max_rows):
     return r
 
 
-@kernel
-def receive(fd, cap, rows, rx):
-    """One batch of up to ``cap`` datagrams into ``rows`` (:class:`Rows`), as
-    ``rx`` (:class:`Receiver`) says: ``recvmmsg`` straight into the rows, or,
-    with ``UDP_GRO`` on, cut from landed coalesced messages (:func:`recv_rows`).
-    Returns (datagrams, whether more may be waiting)."""
-    if rx.gro:
-        n = recv_rows(fd, rx.landing, rows, cap)
-        return n, n == cap or rx.landing.cursor[Cursor.MORE] != 0
-    n = recv_batch(fd, rx.plain, cap, rows)
-    return n, n == cap
+@kernel(inline=True)
+def receive(fd, cap, rows, g):
+    """One batch of up to ``cap`` datagrams into ``rows`` (:class:`Rows`), cut
+    from the messages landed in ``g`` (:class:`GroVec`, :func:`recv_rows`).
+    Returns (datagrams, whether more may be waiting).
+
+    Every compiled receive goes this way, with ``UDP_GRO`` on the socket or
+    not (a message that is one datagram is cut into itself): one receive path
+    to compile on a first run, not a plain ``recvmmsg`` one beside it."""
+    n = recv_rows(fd, g, rows, cap)
+    return n, n == cap or g.cursor[Cursor.MORE] != 0

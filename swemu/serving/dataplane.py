@@ -35,7 +35,7 @@ from swemu.core.engine import Batch, EngineConfig, Job, SwitchEngine
 from swemu.core.faults import DelayQueue
 from swemu.core.state import FaultFlag
 from swemu.protocol import fastio
-from swemu.protocol.fastio import Receiver, Sends
+from swemu.protocol.fastio import GroVec, Sends
 from swemu.protocol.netutil import set_socket_buffers
 from swemu.protocol.wire import MAX_PACKET_LEN, MAX_WORKERS
 from swemu.serving.loops import (
@@ -198,23 +198,24 @@ class DataPlane:
         self._flush_handle: asyncio.TimerHandle | None = None
         self._flush_due = 0.0
         self._records()
-        rx = fastio.MsgVec(batch_capacity if self.fast else 1)
-        rx.point_at_rows(self.batch.buf)
-        self._plain = rx.rx()
         self._tx = fastio.MsgVec(1024 if self.fast else 1).tx(self.gso_segments)
         # UDP_GRO: the workers' GSO messages arrive whole (one skb each) instead
         # of being cut into one skb per datagram on the sender's CPU and queued
-        # one by one. The fast path reads the datagrams where they landed (zero
-        # copy); the stepwise and echo paths cut them into the batch's rows.
-        # On by default (docs/performance.md: a sixth less CPU per allreduce at
-        # 8 and 16 KiB packets); SWEMU_GRO=0 turns it off.
+        # one by one. The compiled paths receive through the landing area either
+        # way (fastio.receive): the fast path reads the datagrams where they
+        # landed (zero copy); the stepwise and echo paths cut them into the
+        # batch's rows. On by default (docs/performance.md: a sixth less CPU per
+        # allreduce at 8 and 16 KiB packets); SWEMU_GRO=0 turns it off.
         self._gro_socket = False  # UDP_GRO set on the socket now
-        self.gro = False  # receive through the landing area (also while leaving GRO)
         self._gro = fastio.GroRx(
             fastio.GRO_MESSAGES if self.fast else 1, batch_capacity if self.fast else 0
         )
         self._landing = self._gro.landing(zero_copy=True)  # the fast path's
         self._landing_copy = self._gro.landing(zero_copy=False)  # into the rows
+        # a child switch's uplink sockets land in their own area: a drain may
+        # leave datagrams of the switch socket landed in the first for its next
+        # pass, which an uplink's receive must not cut as its own
+        self._up_landing = fastio.GroRx(fastio.GRO_MESSAGES).landing(zero_copy=False)
         if self.fast and os.environ.get("SWEMU_GRO", "1") != "0":
             self._set_gro(True)
 
@@ -241,10 +242,11 @@ class DataPlane:
             MAX_BATCHES_PER_WAKEUP,
         )
 
-    def _receiver(self, zero_copy: bool) -> Receiver:
-        """How the compiled paths read the socket now: through GRO's landing
-        area (reading the datagrams there with ``zero_copy``) or not."""
-        return Receiver(self._plain, self.gro, self._landing if zero_copy else self._landing_copy)
+    def _receiver(self, zero_copy: bool) -> GroVec:
+        """How the compiled paths read the socket: through its landing area,
+        reading the datagrams there with ``zero_copy``, else copying them into
+        the batch's rows."""
+        return self._landing if zero_copy else self._landing_copy
 
     def enable_delay_queue(self) -> None:
         """Allocate the delay queue (done when a fault that delays is configured)."""
@@ -308,10 +310,8 @@ class DataPlane:
         elif self.fast and self._tap is None:
             # the switch's kernel first, then the receive path, then the loop
             # that joins them: a worker warm-up started beside this emulator
-            # (switchml run) compiles the receive path's plain half first, which
-            # both use, and this one loads it from the cache by then; the
-            # warm-up later loads the rest of the receive path from this one's
-            # (the two compile in parallel, each kernel once; docs/running.md)
+            # (switchml run) loads the receive path from the cache when it gets
+            # to it, compiled here (each kernel once; docs/running.md)
             self._process_nothing()
             self._receive_nothing()
             self._drain_fast()  # an empty socket: returns at once, compiled
@@ -326,8 +326,9 @@ class DataPlane:
         )
 
     def _receive_nothing(self) -> None:
-        """Call :func:`fastio.receive` for no datagrams (compiles or loads it)."""
-        fastio.receive(self.sock.fileno(), 0, self.batch.rows, self._receiver(False))
+        """Receive no datagrams (:func:`fastio.recv_rows`: compiles or loads the
+        receive path, which :func:`fastio.receive` inlines)."""
+        fastio.recv_rows(self.sock.fileno(), self._receiver(False), self.batch.rows, 0)
 
     def _compile_stepwise(self) -> None:
         """Compile (or load) the kernels of :meth:`_drain_stepwise`."""
@@ -391,12 +392,12 @@ class DataPlane:
         timer needs them (a child switch calls this at start)."""
         eng = self.engine
         up = eng.uplinks
-        rx = self._receiver(False)
-        uplink_drain(-1, -1, 0.0, rx, self._tx, self.io, eng.state, 0, None, up)
+        uplink_drain(-1, -1, 0.0, self._up_landing, self._tx, self.io, eng.state, 0, None, up)
         switch_kernels.uplink_deadline(eng.state, up, 0)
         switch_kernels.uplink_due(0.0, eng.state, up, 0, self._up_rows[:0], self._up_lens[:0], 0)
         send_up(self._tx, self.io, up, self._fast_stats)
         if self.fast and self._tap is None:  # the drain's variant with uplinks
+            rx = self._receiver(False)
             drain(-1, 0.0, rx, self._tx, self.io, eng.state, self._serve, self._faulty(), up)
         else:
             step(0.0, 0, self.io, eng.state, self._faulty(), up)
@@ -411,7 +412,7 @@ class DataPlane:
                 sock.fileno(),
                 self.sock.fileno(),
                 self.loop.time(),
-                self._receiver(False),
+                self._up_landing,
                 self._tx,
                 self.io,
                 self.engine.state,
@@ -429,7 +430,7 @@ class DataPlane:
         for _ in range(MAX_BATCHES_PER_WAKEUP):
             n = 0
             if self.fast:
-                n, _ = fastio.receive(sock.fileno(), self.capacity, b.rows, self._receiver(False))
+                n, _ = fastio.receive(sock.fileno(), self.capacity, b.rows, self._up_landing)
             else:
                 while n < self.capacity:
                     try:
@@ -563,9 +564,8 @@ class DataPlane:
 
     # ------------------------------------------------------------ the paths
     def _set_gro(self, on: bool) -> None:
-        """Set or clear UDP_GRO on the socket. Messages queued while it was on
-        may still be coalesced, so the landing path stays in use until a drain
-        found the socket empty (:meth:`_on_readable`)."""
+        """Set or clear UDP_GRO on the socket (the landing area cuts coalesced
+        messages and single datagrams alike, so nothing else changes)."""
         if on == self._gro_socket:
             return
         if on and not fastio.enable_gro(self.sock):
@@ -573,7 +573,6 @@ class DataPlane:
         if not on:
             self.sock.setsockopt(fastio.SOL_UDP, fastio.UDP_GRO, 0)
         self._gro_socket = on
-        self.gro = self.gro or on
 
     def flush(self) -> None:
         """Process every datagram waiting in the socket now, under the tables as
@@ -591,8 +590,6 @@ class DataPlane:
             self._drain_fast()
         else:
             self._drain_stepwise()
-        if self.gro and not self._gro_socket and not self._gro.leftover():
-            self.gro = False  # leaving GRO: plain receives once nothing coalesced is left
         self._arm_flush()
         self._arm_up_timer()
 

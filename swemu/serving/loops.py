@@ -15,7 +15,7 @@ kernel and the faults on the way out) and :func:`send_due` (delayed packets
 whose time has come).
 
 They take records (NamedTuples; Numba passes their fields as separate
-arguments): the socket's vectors (:class:`swemu.protocol.fastio.Receiver`,
+arguments): the socket's vectors (:class:`swemu.protocol.fastio.GroVec`,
 :class:`~swemu.protocol.fastio.TxVec`), the switch's tables
 (:class:`swemu.core.state.SwitchState`), and two declared here:
 :class:`BatchIO` (the batch and what it leaves through) and :class:`Serve`
@@ -283,8 +283,8 @@ def _slice_next(fd, more, t_end, serve):
 def drain(fd, now, rx, tx, io, sw, serve, faulty, up):
     """The whole per-packet path in compiled code: send what the delay queue
     holds that is due, then repeatedly receive a batch of up to ``cap``
-    datagrams (``rx``, :class:`~swemu.protocol.fastio.Receiver`, into
-    ``io``'s rows, or read where GRO landed them), run it through the switch
+    datagrams (``rx``, :class:`~swemu.protocol.fastio.GroVec`: read where
+    they landed, or copied into ``io``'s rows), run it through the switch
     ``sw`` (:func:`switch_batch`) and send the results (``tx``; a child
     switch's partial aggregates from their uplinks, :func:`send_up`, when
     ``up`` is not None), until the socket is empty or after ``serve.max_batches``
@@ -300,8 +300,8 @@ def drain(fd, now, rx, tx, io, sw, serve, faulty, up):
     stats = serve.stats
     cap = serve.cap
     rows = io.packets.rows
-    # with GRO in zero-copy mode the datagrams stay where the kernel landed them
-    landed = rx.landing.addr
+    # in zero-copy mode the datagrams stay where the kernel landed them
+    landed = rx.addr
     total = 0
     t_end = _slice_end(serve.slice_s, serve.ts)
     while True:
@@ -312,8 +312,7 @@ def drain(fd, now, rx, tx, io, sw, serve, faulty, up):
             n, more = fastio.receive(fd, cap, rows, rx)
             if n == 0:
                 break
-            row_addr = landed if rx.gro else landed[:0]
-            m, _, _ = switch_batch(now, n, io, sw, row_addr, unowned(faulty), unowned(up))
+            m, _, _ = switch_batch(now, n, io, sw, landed, unowned(faulty), unowned(up))
             sent = fastio.send_batch_gso(fd, tx, m, io.sends)
             if up is not None and io.packets.n_up[0] > 0:
                 send_up(tx, io, unowned(up), stats)
