@@ -1,14 +1,15 @@
 """``python -m bench compile``: what the first run compiles, per kernel, in CPU seconds.
 
 A first ``switchml run`` compiles in two processes side by side (see
-docs/running.md): the local emulator (the data plane's kernels, then the
-engine's) and one warm-up process (``python -m cli.worker --warm-up``, the
-workers' kernels). This benchmark does the same two compile steps, each in a
-fresh process with an empty ``NUMBA_CACHE_DIR``, and records every Numba
-compilation (its ``numba:compile`` events) with the CPU time it took, inclusive
-(with the kernels it compiled on the way: callees are compiled, and then linked
-into and optimized again with, each caller) and exclusive. CPU seconds, not
-wall: a loaded machine stretches wall time more than CPU time.
+docs/running.md): the local emulator (the data plane's kernels; a tree from
+before 2026-12-06 the engine's Python path too) and one warm-up process
+(``python -m cli.worker --warm-up``, the workers' kernels). This benchmark
+does the same two compile steps, each in a fresh process with an empty
+``NUMBA_CACHE_DIR``, and records every Numba compilation (its
+``numba:compile`` events) with the CPU time it took, inclusive (with the
+kernels it compiled on the way: callees are compiled, and then linked into
+and optimized again with, each caller) and exclusive. CPU seconds, not wall:
+a loaded machine stretches wall time more than CPU time.
 
 ``--tree`` measures other source trees too (an export of an older commit, say),
 interleaved with this one, each part in its own process.
@@ -60,9 +61,11 @@ def _child(part: str, dtype: str) -> dict[str, Any]:
             )
 
     event.register("numba:compile", _Listener())
+    # decided before the clock starts: it imports the whole server
+    warms_engine = part == "emulator" and _server_warms_engine()
     t0 = time.process_time()
     w0 = time.perf_counter()
-    if part == "emulator":  # what EmulatorServer.start does before it binds a port
+    if part == "emulator":  # what swemu.serving.server.Emulator does before it binds a port
         import asyncio
 
         try:
@@ -73,7 +76,7 @@ def _child(part: str, dtype: str) -> dict[str, Any]:
             dataplane_warmup = importlib.import_module("swemu.dataplane").warmup
 
         dataplane_warmup(asyncio.new_event_loop())
-        if _server_warms_engine():  # an older --tree compiled the engine's Python path too
+        if warms_engine:  # an older --tree compiled the engine's Python path too
             warmup()
     else:
         # the launcher's warm-up step, run as its command line would run it

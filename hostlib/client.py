@@ -357,7 +357,8 @@ class AsyncContext:
             fastio.enable_gro(b)
         self._bsock = b
         self._io.bfd = b.fileno()
-        self._loop.add_reader(b.fileno(), self._on_readable)
+        if not self._blocking_recovery:  # else _recover_blocking adds it when done
+            self._loop.add_reader(b.fileno(), self._on_readable)
 
     def _setup_fast(self, ports: list[int]) -> None:
         """Message vectors and arguments of the compiled I/O loop."""
@@ -541,7 +542,9 @@ class AsyncContext:
         if not isinstance(x, np.ndarray):
             raise TypeError(f"allreduce takes a numpy array, got {type(x).__name__}")
         wire16 = self.wire16(x, values16, bfloat16)
-        first16 = not self._had16 and (wire16 or dtype_name(x, bfloat16) in HALF_DTYPES)
+        dtype = dtype_name(x, bfloat16)
+        # (int32 has no 16-bit version: the protocol refuses values16 for it below)
+        first16 = not self._had16 and dtype != "int32" and (wire16 or dtype in HALF_DTYPES)
         if first16:
             _warmup16_once(self._pumps)
         result = self.results.empty_like(x) if out is None else out
@@ -576,7 +579,9 @@ class AsyncContext:
         the other ranks to have reported, take the results it lacks and send
         every outstanding packet again. Returns True when the job was resumed.
         A control plane that does not answer is waited for (said once), within
-        ``no_progress``, which :meth:`Allreduce.check` keeps enforcing."""
+        the call's no-progress limit (``op.no_progress``: ``no_progress``, or
+        more for a first 16-bit call), which :meth:`Allreduce.check` keeps
+        enforcing."""
         o, m = self.options, self.membership
         ctl = ControlClient(o.control, connect_timeout=1.0)
         try:
@@ -594,8 +599,8 @@ class AsyncContext:
                         waited,
                         o.control,
                         exc,
-                        max(0.0, o.timing.no_progress - waited),
-                        o.timing.no_progress,
+                        max(0.0, op.no_progress - waited),
+                        op.no_progress,
                     )
                 return False
             if status is None:  # a controller without the call: no recovery here
@@ -611,7 +616,7 @@ class AsyncContext:
                 why = f"rebuilt the job (epoch {m.epoch} is now {status.epoch})"
             log.warning("rank %d: the switch %s; resuming session %d", o.rank, why, m.session_id)
             started = clock()
-            budget = max(1.0, o.timing.no_progress - (started - op.last_progress))
+            budget = max(1.0, op.no_progress - (started - op.last_progress))
             self._resuming = True
             membership, repairs = await ctl.resume(
                 self._registration, self.protocol.progress(op), timeout=budget
@@ -806,11 +811,6 @@ class AsyncContext:
     def _on_readable_fast(self, fd: int) -> None:
         op = self._op
         io = self._io
-        if self._blocking_recovery and op is not None:
-            # a reader a resume registered again: leave the data to the blocking
-            # loop (see _recover_blocking), without spinning on it meanwhile
-            self._loop.remove_reader(fd)
-            return
         if op is None:  # between calls: count and drop
             self.stale += io.discard_all(fd)
             return

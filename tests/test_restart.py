@@ -1,8 +1,8 @@
 """Jobs that survive a switch restart (docs/protocol.md §5, "Surviving a switch
 restart"): a real emulator killed with SIGKILL at seeded points of a running job
-and started again on the same ports; the workers notice, resume, and every
-result is what an uninterrupted job gives. The in-memory property tests of the
-same rules are tests/test_recovery.py."""
+and started again on the same ports, or a fresh one elsewhere; the workers
+notice, resume, and every result is what an uninterrupted job gives. The
+in-memory property tests of the same rules are tests/test_recovery.py."""
 
 from __future__ import annotations
 
@@ -37,9 +37,13 @@ class Restarter:
         t0 = time.monotonic()
         self.emu.kill()
         t1 = time.monotonic()
-        self.emu = EmulatorProcess(*self.args, port=self.ports[0], control_port=self.ports[1])
+        self.emu = self._next()
         self.emu.start()
         self.restarts.append((time.monotonic() - t0, time.monotonic() - t1))
+
+    def _next(self) -> EmulatorProcess:
+        """The emulator that comes up after a kill: on the same ports."""
+        return EmulatorProcess(*self.args, port=self.ports[0], control_port=self.ports[1])
 
     def stop(self) -> None:
         self.emu.stop()
@@ -48,8 +52,9 @@ class Restarter:
 def run_with_kills(
     emu: Restarter, plan, *, iters: int, n: int, dtype: str, switch: str | None = "", **connect
 ):
-    """Run ``restart_loop`` on W ranks; ``plan(event, restart)`` sees every
-    progress event ``(rank, call, what)`` and calls ``restart()`` when it wants.
+    """Run ``restart_loop`` on W ranks; ``plan(event, restart, go)`` sees every
+    progress event ``(rank, call, what)`` and calls ``restart()`` when it wants
+    (``go``: the event the ranks wait on before their first call).
     ``switch``: the data plane the ranks are given ("": the emulator's; None:
     none, they learn it from the control plane). Returns the ranks' lists of
     wrong results."""
@@ -195,16 +200,12 @@ class Mover(Restarter):
         self.data_planes = [self.emu.data]
 
     def restart(self) -> None:
-        t0 = time.monotonic()
-        self.emu.kill()
-        t1 = time.monotonic()
-        host = f"127.0.0.{3 + len(self.restarts)}"  # a new address, any free port
-        self.emu = EmulatorProcess(
-            "--control-host", "127.0.0.1", host=host, control_port=self.ports[1]
-        )
-        self.emu.start()
+        super().restart()
         self.data_planes.append(self.emu.data)
-        self.restarts.append((time.monotonic() - t0, time.monotonic() - t1))
+
+    def _next(self) -> EmulatorProcess:
+        host = f"127.0.0.{3 + len(self.restarts)}"  # a new address, any free port
+        return EmulatorProcess("--control-host", "127.0.0.1", host=host, control_port=self.ports[1])
 
 
 @pytest.mark.slow

@@ -261,13 +261,12 @@ class Controller:
         if a.target == "tofino":
             self.target = self._tofino(None)
         else:
-            from swemu.core.engine import EmulatorTarget, EngineConfig, SwitchEngine, warmup
+            from swemu.core.engine import EmulatorTarget, EngineConfig, SwitchEngine
             from swemu.serving.dataplane import DataPlane, bind_udp
 
             bfrt = RecordingBfrt(on_write=lambda w: print(format_write(w), flush=True))
             engine = SwitchEngine(EngineConfig(pool_size=NUM_POOL_SLOTS))
             self.target = DryRunTarget(self._tofino(bfrt), EmulatorTarget(engine))
-            warmup()
             self._sock = bind_udp(a.switch_ip, a.data_port)
             self.data_port = self._sock.getsockname()[1]
             data_ports = (self.data_port,)  # where the dry run listens

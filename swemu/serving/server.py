@@ -323,7 +323,7 @@ class Emulator:
         # the data plane's kernels only: the engine's Python path (Batch, process),
         # which no part of a server calls, is not compiled (seconds of a first run)
         with compiling_said(log):
-            dataplane_warmup(self._loop, tap=self._pcap is not None)  # its receive path first
+            dataplane_warmup(self._loop, tap=self._pcap is not None)
         self._sock = bind_udp(self.host, self.requested_port)
         self.port = self._sock.getsockname()[1]
         advice = buffer_advice(receive_buffer(self._sock), SWITCH_BUFFER_BYTES, "the emulator")
