@@ -5,7 +5,8 @@ sample run's title line, the host library's options) is found by a pattern and
 compared with what the tool itself would do: the click option's default, or, for
 a default the tool computes, the text of its ``--help`` and the constants behind
 that text. A default changed in the code, or a README edited by hand, fails
-here instead of drifting apart.
+here instead of drifting apart. A figure the README quotes from
+docs/performance.md's current figures is held against that page the same way.
 """
 
 from __future__ import annotations
@@ -23,14 +24,23 @@ from swemu.options import parse_size
 from swemu.protocol import wire
 from swemu.protocol.worker.protocol import Timing
 
-README = " ".join((Path(__file__).resolve().parent.parent / "README.md").read_text().split())
+ROOT = Path(__file__).resolve().parent.parent
 
 
-def said(pattern: str) -> str:
-    """What the README says where ``pattern`` (on its whitespace-flattened text)
-    has its group 1; the statement must be there."""
-    m = re.search(pattern, README)
-    assert m is not None, f"the README no longer says {pattern!r}"
+def flattened(relative: str) -> str:
+    """A markdown file of the project, its whitespace runs made single spaces."""
+    return " ".join((ROOT / relative).read_text().split())
+
+
+README = flattened("README.md")
+PERFORMANCE = flattened("docs/performance.md")
+
+
+def said(pattern: str, text: str = README, where: str = "the README") -> str:
+    """What ``text`` (the README unless told) says where ``pattern`` (on its
+    whitespace-flattened text) has its group 1; the statement must be there."""
+    m = re.search(pattern, text)
+    assert m is not None, f"{where} no longer says {pattern!r}"
     return m.group(1)
 
 
@@ -146,8 +156,14 @@ def test_the_host_librarys_timer_defaults():
 
 
 def test_the_first_run_figures_agree_between_quick_start_and_results():
-    """The Quick start and the Results table quote the same measurement of a
-    first ``switchml run --workers 4`` against a warm one."""
+    """The README's Quick start and the current figures of docs/performance.md
+    quote the same measurement of a first ``switchml run --workers 4`` against a
+    warm one."""
     quick = said(r"a first `switchml run --workers 4` took ([\d.–]+ s against [\d.–]+ s)")
-    results = said(r"`bench firstrun`, [^|]*\|[^|]*\(cold ([\d.–]+ s vs warm [\d.–]+ s)\)")
+    results = said(
+        r"## The current figures (?:(?!## ).)*?`bench firstrun`, [^|]*\|[^|]*"
+        r"\(cold ([\d.–]+ s vs warm [\d.–]+ s)\)",
+        PERFORMANCE,
+        "docs/performance.md",
+    )
     assert quick == results.replace(" vs warm ", " against ")
