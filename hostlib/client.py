@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from swemu.protocol import fastio, wire
-from swemu.protocol.jit import watch_compiles
+from swemu.protocol.jit import compiling_said
 from swemu.protocol.netutil import (
     buffer_advice,
     mac_of_ipv4,
@@ -921,15 +921,8 @@ def _warmup16_once(pump: bool = True) -> None:
     compile is logged, with how long the call waited for it."""
     if _warmed_for(True, pump):
         return
-    t0 = time.monotonic()
-
-    def say() -> None:
-        log.info("compiling the 16-bit kernels (first 16-bit call; later runs load them)")
-
-    with watch_compiles(say) as watch:
+    with compiling_said(log, "16-bit kernels", "once per machine; later runs load them"):
         _compile(True, pump)
-    if watch.compiled:
-        log.info("compiled the 16-bit kernels in %.1f s", time.monotonic() - t0)
     _warmed.add((True, pump))
 
 

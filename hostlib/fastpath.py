@@ -174,10 +174,11 @@ class Clock(IntEnum):
 @kernel
 def wait_and_pump(fd, bfd, clock, expected, no_progress, io, ws):
     """Run an allreduce to the next event that needs Python: wait for the
-    sockets with ``poll`` and :func:`pump` them, until every result is in
-    (``Run.DONE``), a retransmission deadline or the no-progress limit is due
-    (``Run.TIMER``: the caller runs the timer path), or a wait slice of
-    ``WAIT_SLICE_MS`` ended or a signal interrupted it (``Run.RETURN``).
+    sockets with ``poll`` and read them (:func:`pump`'s loop, inlined), until
+    every result is in (``Run.DONE``), a retransmission deadline or the
+    no-progress limit is due (``Run.TIMER``: the caller runs the timer path),
+    or a wait slice of ``WAIT_SLICE_MS`` ended or a signal interrupted it
+    (``Run.RETURN``).
 
     This is the blocking API's loop (``Context.allreduce``): the event loop's
     readiness callback cost ~60 µs of interpreter work per wakeup, a fifth of
@@ -340,34 +341,33 @@ def enable_gso(sock: socket.socket, packet_len: int, switch_ip: str) -> int:
     return max(1, min(fastio.GSO_MAX_SEGMENTS, fastio.GSO_MAX_BYTES // packet_len))
 
 
-def warmup(values16: bool = False, pump: bool = True) -> None:
+def warmup(pump: bool = True) -> None:
     """Compile (or load from the cache) :func:`wait_and_pump`, :func:`send_slots`
     and, with ``pump``, :func:`pump` (the event loop's path) for 32-bit calls
-    (int32 and float32), and with ``values16`` for calls with 16-bit data too
-    (their own version, see :func:`swemu.protocol.worker.protocol.warmup`), on an
-    unbound socket that never has data, so that no allreduce waits for the
-    compiler. A process that only blocks (``switchml run``'s built-in workers)
-    leaves :func:`pump` out: its loop is inlined into :func:`wait_and_pump`."""
+    (int32 and float32), on an unbound socket that never has data, so that no
+    allreduce waits for the compiler. A process that only blocks (``switchml
+    run``'s built-in workers) leaves :func:`pump` out: its loop is inlined into
+    :func:`wait_and_pump`."""
     from swemu.protocol.worker import protocol
 
-    _warmup_calls(protocol.WARMUP32 + (protocol.WARMUP16 if values16 else ()), pump)
+    _warmup_calls(protocol.WARMUP32, pump)
 
 
 def warmup16(pump: bool = True) -> None:
-    """:func:`warmup` of the version for calls with 16-bit data only."""
+    """:func:`warmup` of the version for calls with 16-bit data (see
+    :func:`swemu.protocol.worker.protocol.warmup16`)."""
     from swemu.protocol.worker import protocol
 
     _warmup_calls(protocol.WARMUP16, pump)
 
 
 def _warmup_calls(calls: tuple[tuple[type, bool], ...], pump: bool) -> None:
-    from swemu.protocol.worker.protocol import WorkerProtocol
+    from swemu.protocol.worker.protocol import warmup_call
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         for dtype, wire16 in calls:
-            proto = WorkerProtocol(num_workers=1, size_code=0, window=1)
-            op = proto.allreduce(np.ones(40, dtype), None, 0.0, values16=wire16)
+            proto, op = warmup_call(dtype, wire16)
             batch = np.zeros((2, proto.rows.shape[1] + 1), np.uint8)
             io = FastIO(
                 batch,

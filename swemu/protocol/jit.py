@@ -114,17 +114,21 @@ def watch_compiles(callback: Callable[[], None] = lambda: None) -> Iterator[Comp
 
 
 @contextlib.contextmanager
-def compiling_said(logger: logging.Logger) -> Iterator[None]:
+def compiling_said(
+    logger: logging.Logger,
+    what: str = "kernels",
+    when: str = "first start only; later starts load them from the cache",
+) -> Iterator[None]:
     """Around a process's kernel warm-up: on a first start (Numba's cache
-    missed) log at INFO that the kernels are compiling, as it begins, and how
-    long it took (``switchml-emu serve``, which otherwise sat silent for the
-    seconds of a first compile)."""
+    missed) log at INFO that the ``what`` are compiling (``when``: why now),
+    as it begins, and how long it took (``switchml-emu serve``, which
+    otherwise sat silent for the seconds of a first compile)."""
     t0 = time.monotonic()
 
     def say() -> None:
-        logger.info("compiling kernels (first start only; later starts load them from the cache)")
+        logger.info("compiling %s (%s)", what, when)
 
     with watch_compiles(say) as watch:
         yield
     if watch.compiled:
-        logger.info("compiled the kernels in %.1f s", time.monotonic() - t0)
+        logger.info("compiled the %s in %.1f s", what, time.monotonic() - t0)

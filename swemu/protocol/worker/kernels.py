@@ -236,7 +236,7 @@ def _streamed_part(o, src, inv, is_float, on):
 # helpers below resolve, as each kernel's version for that type is typed, to
 # the one half that type needs. So a float32 or int32 run compiles none of the
 # 16-bit code (it was a third of a worker's first-run compile), and a 16-bit
-# call's version (compiled on the first one, or warmed ahead: protocol.warmup)
+# call's version (compiled on the first one, or warmed ahead: protocol.warmup16)
 # none of the 32-bit code. Their Python bodies decide the same at run time. (The
 # halves are plain functions: an overload returns one, and Numba compiles and
 # inlines it into the kernel being compiled.)

@@ -478,14 +478,14 @@ WARMUP32 = ((np.int32, False), (np.float32, False))
 WARMUP16 = ((np.float16, True),)
 
 
-def warmup(values16: bool = False) -> None:
+def warmup() -> None:
     """Compile (or load from Numba's cache) every kernel of the worker's data
-    path for 32-bit calls (int32 and float32), and with ``values16`` for calls
-    with 16-bit data too (:func:`warmup16`), each run once to check it, before
-    any clock starts: a first allreduce must not spend its no-progress budget
-    compiling. A float32 or int32 job leaves the 16-bit version uncompiled
-    (``kernels``: the state's type chooses the version)."""
-    warmup_calls(WARMUP32 + (WARMUP16 if values16 else ()))
+    path for 32-bit calls (int32 and float32), each run once to check it,
+    before any clock starts: a first allreduce must not spend its no-progress
+    budget compiling. A float32 or int32 job leaves the 16-bit version
+    uncompiled (``kernels``: the state's type chooses the version;
+    :func:`warmup16` compiles it)."""
+    warmup_calls(WARMUP32)
 
 
 def warmup16() -> None:
@@ -495,11 +495,17 @@ def warmup16() -> None:
     warmup_calls(WARMUP16)
 
 
+def warmup_call(dtype: type, wire16: bool) -> tuple[WorkerProtocol, Allreduce]:
+    """A small call of ``dtype`` (on the 16-bit wire with ``wire16``) on a
+    one-worker, one-slot protocol: what the warm-ups run through the kernels."""
+    proto = WorkerProtocol(num_workers=1, size_code=0, window=1)
+    return proto, proto.allreduce(np.ones(40, dtype), None, 0.0, values16=wire16)
+
+
 def warmup_calls(calls: tuple[tuple[type, bool], ...]) -> None:
     """Run a small call of each ``(dtype, values16)`` through the kernels."""
     for dtype, wire16 in calls:
-        proto = WorkerProtocol(num_workers=1, size_code=0, window=1)
-        op = proto.allreduce(np.ones(40, dtype), None, 0.0, values16=wire16)
+        proto, op = warmup_call(dtype, wire16)
         for _ in range(3):  # exponent packet (float32), then two data chunks
             n = op.initial(0.0) if not op._started else op.handle_timer(op.get_timer())
             if op.done or n == 0:
