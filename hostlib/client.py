@@ -642,17 +642,24 @@ class AsyncContext:
         return True
 
     @property
+    def _compiled_wait(self) -> bool:
+        """Whether this context's calls can wait in compiled code
+        (:func:`hostlib.fastpath.wait_and_pump`): the compiled fast path, unless
+        ``SWITCHML_POLL=0`` turned the compiled wait off."""
+        return self.fast and self._poll
+
+    @property
     def _pumps(self) -> bool:
         """Whether calls may take the event loop's compiled path
         (:func:`hostlib.fastpath.pump`): all but a blocking context's that can
         block (:attr:`can_block` once open)."""
-        return not (self.blocking and self.fast and self._poll)
+        return not (self.blocking and self._compiled_wait)
 
     @property
     def can_block(self) -> bool:
-        """Whether :meth:`allreduce_blocking` may be used: an open context on the
-        compiled fast path (``SWITCHML_POLL=0`` turns the compiled wait off)."""
-        return self.fast and self._poll and self._sock is not None
+        """Whether :meth:`allreduce_blocking` may be used: an open context that
+        can wait in compiled code."""
+        return self._compiled_wait and self._sock is not None
 
     def allreduce_blocking(
         self,

@@ -11,6 +11,7 @@ import time
 import numpy as np
 
 import hostlib
+from hostlib import fastpath
 
 LENGTHS = [0, 1, 63, 64, 65, 1000, 10**6]
 
@@ -143,8 +144,6 @@ def restart_loop(
             wrong.append(
                 f"call {call}: {bad.size} values differ, chunks {sorted(set(bad // nvals))}"
             )
-    from hostlib import fastpath
-
     if ctx._actx.can_block and fastpath.pump.signatures:
         # a blocking context's recoveries leave the sockets to its own loop: the
         # event loop's path, which it does not warm up, must not have run (and
