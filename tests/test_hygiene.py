@@ -316,3 +316,36 @@ def test_a_watched_child_that_overruns_is_reported_running():
     ) as c:
         assert [c.readline(60), c.readline(60)] == ["a\n", "b\n"]
         assert c.expect(0, 60) == "" and c.stdout() == "a\nb\n"
+
+
+def test_a_cache_index_naming_a_record_class_since_gone_is_a_miss(tmp_path):
+    """Numba unpickles a cached function's index before it checks the source
+    stamp, so an index that names a NamedTuple class (of an importable module)
+    which an upgrade renamed failed every start with AttributeError
+    (numba/numba#6018; switchml-emu's ``fastio.Receiver`` was such a class).
+    With the project's kernel module imported it is a miss: the function
+    compiles again and the index is rewritten."""
+    records, script = tmp_path / "recs.py", tmp_path / "kern.py"
+    env = child_env(NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    env["PYTHONPATH"] = os.pathsep.join((str(tmp_path), env["PYTHONPATH"]))
+
+    def run(cls: str, imports: str = "") -> subprocess.CompletedProcess:
+        records.write_text(
+            f"from typing import NamedTuple\nimport numpy as np\n\n"
+            f"class {cls}(NamedTuple):\n    a: np.ndarray\n"
+        )
+        script.write_text(
+            f"import numpy as np\n{imports}\nfrom numba import njit\n"
+            f"from recs import {cls} as Rec\n\n"
+            "@njit(cache=True)\ndef total(r):\n    return r.a.sum()\n\n"
+            "print(int(total(Rec(np.arange(4)))))\n"
+        )
+        return subprocess.run(
+            [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
+        )
+
+    first = run("Record")  # compiles; the index names recs.Record
+    assert first.returncode == 0 and first.stdout.strip() == "6", first.stderr
+    for _ in range(2):  # compiles again (the index named Record), then loads from the cache
+        later = run("Renamed", "import swemu.protocol.jit")
+        assert later.returncode == 0 and later.stdout.strip() == "6", later.stderr

@@ -21,6 +21,14 @@ chosen in one place:
   (for small per-packet helpers); a call with 30 or more arguments cannot be
   inlined (CPython 3.11 passes them as one tuple), so keep those few.
 
+A cache index written by another version of the project is a cache miss, not
+a crash: Numba unpickles each function's index before it compares the source
+stamp, and an index that names a record class since renamed or removed (a
+NamedTuple in a kernel's signature) raised ``AttributeError`` there, so an
+upgrade over an old cache failed at start (numba/numba#6018). Importing this
+module makes such an index load as empty, as a stale one does; the kernels
+compile again and the index is rewritten.
+
 And while Numba compiles, Python's cyclic garbage collector is paused:
 importing this module registers a listener on Numba's ``numba:compile`` event
 that pauses it from the start of the outermost compilation to its end (in this
@@ -84,6 +92,29 @@ class _PauseCollector(event.Listener):
 
 
 event.register("numba:compile", _PauseCollector())
+
+
+def _tolerate_foreign_indexes() -> None:
+    """Make an index that no longer unpickles a miss (see the module)."""
+    from numba.core import caching
+
+    load = caching.IndexDataCacheFile._load_index
+    if getattr(load, "swemu_tolerant", False):
+        return
+
+    def _load_index(self: caching.IndexDataCacheFile) -> dict:
+        try:
+            return load(self)
+        except OSError:
+            raise  # the cache cannot be read: not ours to hide
+        except Exception:  # a class, module or format the index names is gone
+            return {}
+
+    _load_index.swemu_tolerant = True  # type: ignore[attr-defined]
+    caching.IndexDataCacheFile._load_index = _load_index
+
+
+_tolerate_foreign_indexes()
 
 
 class CompileWatch(event.Listener):
