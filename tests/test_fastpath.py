@@ -282,6 +282,43 @@ def test_recv_rows_lands_about_its_byte_budget_per_receive():
         tx.close()
 
 
+async def test_datagrams_a_pass_left_landed_are_served_without_more_traffic():
+    """A drain pass ends on its batch limit (or with its serve slice) and may
+    leave datagrams in the landing area while the socket is empty; they are
+    served at once, not when the next datagram (a worker's retransmission)
+    wakes the socket. One coalesced message of 100 datagrams into a data plane
+    whose pass takes 16 batches of 4 and whose serve slice is off."""
+    from swemu.core.engine import EngineConfig, SwitchEngine
+    from swemu.serving.dataplane import DataPlane
+    from swemu.serving.loops import LoopStat
+
+    if not fastio.gso_available():
+        pytest.skip("no UDP GSO/GRO in this kernel")
+    engine = SwitchEngine(EngineConfig(pool_size=4, max_jobs=2))
+    data = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    plane = None
+    try:
+        data.bind(("127.0.0.1", 0))
+        plane = DataPlane(engine, data, asyncio.get_running_loop(), batch_capacity=4)
+        plane._serve = plane._serve._replace(slice_s=0.0)  # one pass per wakeup
+        plane.start()
+        assert plane._gro_socket
+        tx.setsockopt(fastio.SOL_UDP, fastio.UDP_SEGMENT, 100)
+        tx.sendto(bytes(100 * 100), data.getsockname())  # one GSO message: 100 datagrams
+        stats = plane._fast_stats
+        deadline = time.monotonic() + 5
+        while stats[LoopStat.PACKETS] < 100 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert stats[LoopStat.PACKETS] == 100
+        assert stats[LoopStat.BATCHES] >= 25  # more than one pass of 16 took them
+    finally:
+        if plane is not None:
+            plane.stop()
+        data.close()
+        tx.close()
+
+
 async def test_emulator_gro_zero_copy_and_switching_it_off():
     """UDP_GRO is on by default on the switch socket: the fast path reads the
     coalesced datagrams where the kernel landed them. Jobs of 1 KiB and 8 KiB

@@ -196,6 +196,7 @@ class DataPlane:
         self._pollfd = np.zeros(2, np.int32)  # struct pollfd: the socket's, the uplinks'
         self._callbacks = 0  # readiness callbacks from the event loop
         self._flush_handle: asyncio.TimerHandle | None = None
+        self._again: asyncio.Handle | None = None  # a drain for datagrams left landed
         self._flush_due = 0.0
         self._records()
         self._tx = fastio.MsgVec(1024 if self.fast else 1).tx(self.gso_segments)
@@ -345,6 +346,9 @@ class DataPlane:
         if self._reading:
             self.loop.remove_reader(self.sock.fileno())
             self._reading = False
+        if self._again is not None:
+            self._again.cancel()
+            self._again = None
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
@@ -583,6 +587,9 @@ class DataPlane:
             self._on_readable()
 
     def _on_readable(self) -> None:
+        if self._again is not None:  # (woken by the socket before it ran)
+            self._again.cancel()
+            self._again = None
         self._callbacks += 1
         if self.echo:
             self._echo()
@@ -590,6 +597,12 @@ class DataPlane:
             self._drain_fast()
         else:
             self._drain_stepwise()
+        if self._gro.leftover() and self._reading:
+            # a pass ends on its batch limit or with its serve slice, and may
+            # leave datagrams landed while the socket is empty: no readiness
+            # callback would come for them before the next datagram arrives
+            # (a worker's retransmission, a timeout later)
+            self._again = self.loop.call_soon(self._on_readable)
         self._arm_flush()
         self._arm_up_timer()
 
