@@ -459,9 +459,10 @@ class GroRx:
         )
 
     def leftover(self) -> bool:
-        """Whether landed datagrams wait to be cut, or the last receive was full."""
+        """Whether landed datagrams wait to be cut (what still waits in the
+        socket, its readiness says)."""
         c = self.cursor
-        return bool(c[Cursor.NEXT] < c[Cursor.LANDED] or c[Cursor.MORE] != 0)
+        return bool(c[Cursor.NEXT] < c[Cursor.LANDED])
 
 
 def enable_gro(sock: socket.socket) -> bool:
