@@ -35,7 +35,7 @@ from swemu.core.engine import Batch, EngineConfig, Job, SwitchEngine
 from swemu.core.faults import DelayQueue
 from swemu.core.state import FaultFlag
 from swemu.protocol import fastio
-from swemu.protocol.fastio import GroVec, Sends
+from swemu.protocol.fastio import Sends
 from swemu.protocol.netutil import set_socket_buffers
 from swemu.protocol.wire import MAX_PACKET_LEN, MAX_WORKERS
 from swemu.serving.loops import (
@@ -211,12 +211,14 @@ class DataPlane:
         self._gro = fastio.GroRx(
             fastio.GRO_MESSAGES if self.fast else 1, batch_capacity if self.fast else 0
         )
-        self._landing = self._gro.landing(zero_copy=True)  # the fast path's
-        self._landing_copy = self._gro.landing(zero_copy=False)  # into the rows
+        # how the compiled paths read the socket: the fast path where the
+        # datagrams landed, the stepwise and echo paths copied into the rows
+        self._landing = self._gro.landing(zero_copy=True)
+        self._landing_copy = self._gro.landing(zero_copy=False)
         # a child switch's uplink sockets land in their own area: a drain may
         # leave datagrams of the switch socket landed in the first for its next
         # pass, which an uplink's receive must not cut as its own
-        self._up_landing = fastio.GroRx(fastio.GRO_MESSAGES).landing(zero_copy=False)
+        self._up_landing = fastio.GroRx(fastio.GRO_MESSAGES).landing()  # (no rows: copies)
         if self.fast and os.environ.get("SWEMU_GRO", "1") != "0":
             self._set_gro(True)
 
@@ -242,12 +244,6 @@ class DataPlane:
             self.capacity,
             MAX_BATCHES_PER_WAKEUP,
         )
-
-    def _receiver(self, zero_copy: bool) -> GroVec:
-        """How the compiled paths read the socket: through its landing area,
-        reading the datagrams there with ``zero_copy``, else copying them into
-        the batch's rows."""
-        return self._landing if zero_copy else self._landing_copy
 
     def enable_delay_queue(self) -> None:
         """Allocate the delay queue (done when a fault that delays is configured)."""
@@ -329,7 +325,7 @@ class DataPlane:
     def _receive_nothing(self) -> None:
         """Receive no datagrams (:func:`fastio.recv_rows`: compiles or loads the
         receive path, which :func:`fastio.receive` inlines)."""
-        fastio.recv_rows(self.sock.fileno(), self._receiver(False), self.batch.rows, 0)
+        fastio.recv_rows(self.sock.fileno(), self._landing_copy, self.batch.rows, 0)
 
     def _compile_stepwise(self) -> None:
         """Compile (or load) the kernels of :meth:`_drain_stepwise`."""
@@ -401,7 +397,7 @@ class DataPlane:
         switch_kernels.uplink_due(0.0, eng.state, up, 0, self._up_rows[:0], self._up_lens[:0], 0)
         send_up(self._tx, self.io, up, self._fast_stats)
         if self.fast and self._tap is None:  # the drain's variant with uplinks
-            rx = self._receiver(False)
+            rx = self._landing_copy
             drain(-1, 0.0, rx, self._tx, self.io, eng.state, self._serve, self._faulty(), up)
         else:
             step(0.0, 0, self.io, eng.state, self._faulty(), up)
@@ -610,7 +606,7 @@ class DataPlane:
         drain(
             self.sock.fileno(),
             self.loop.time(),
-            self._receiver(True),
+            self._landing,
             self._tx,
             self.io,
             self.engine.state,
@@ -646,7 +642,7 @@ class DataPlane:
             more = False
             if self.fast:
                 n, more = fastio.receive(
-                    self.sock.fileno(), self.capacity, b.rows, self._receiver(False)
+                    self.sock.fileno(), self.capacity, b.rows, self._landing_copy
                 )
             else:
                 n = self._receive_portable()
@@ -671,7 +667,7 @@ class DataPlane:
     def _echo(self) -> None:
         echo_drain(
             self.sock.fileno(),
-            self._receiver(False),
+            self._landing_copy,
             self._tx,
             self.batch.rows,
             self._sends,
