@@ -20,6 +20,28 @@ chosen in one place:
 - ``inline=True``: Numba inlines the function into each caller before typing
   (for small per-packet helpers); a call with 30 or more arguments cannot be
   inlined (CPython 3.11 passes them as one tuple), so keep those few.
+- ``linked=False``: compiled callers call the kernel's one compiled copy by its
+  symbol instead of linking it in. Numba links a compiled callee's LLVM module
+  into every caller and optimizes and generates machine code for it again
+  there, at every level: the switch's kernel was optimized three times
+  (``process_batch``, then in ``switch_batch``, then in ``drain``), the
+  worker's result matcher twice. For the few big kernels called once per
+  batch (the switch's kernel, the receive and send loops, the worker's result
+  matcher) that was about 1 s of each side's first-run CPU; the price is one
+  call that LLVM cannot inline, per batch. Small per-packet helpers stay
+  linked (or ``inline``).
+
+  How: the project registers such a kernel's compiled function for its callers
+  without its library (:func:`_call_by_symbol`) and makes its symbol known to
+  the process (llvmlite's ``add_symbol``). A caller loaded from the cache names
+  a symbol from the process that compiled it (Numba numbers functions in the
+  order they compile), so each caller carries, in what Numba runs before it
+  loads one from the cache (``reload_init``), which kernel and signature it
+  calls: loading the caller loads (or compiles) that kernel first and gives it
+  the symbol the caller names. A kernel that no longer fits (another return
+  type after an edit, or it no longer compiles for those types) makes the
+  cached caller a miss: it compiles again. If Numba's internals this uses are
+  not there (another Numba version), the kernels are linked as Numba does.
 
 A cache index written by another version of the project is a cache miss, not
 a crash: Numba unpickles each function's index before it compares the source
@@ -45,9 +67,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
 import logging
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from numba import njit
@@ -56,17 +80,32 @@ from numba.core import event
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def kernel(fn: F | None = None, *, entry: bool = True, inline: bool = False) -> Any:
+def kernel(
+    fn: F | None = None, *, entry: bool = True, inline: bool = False, linked: bool = True
+) -> Any:
     """Compile ``fn`` with the project's Numba options (see the module).
-    ``@kernel``, ``@kernel(entry=False)`` (called from compiled code only) or
-    ``@kernel(inline=True)`` (inlined into its compiled callers)."""
+    ``@kernel``, ``@kernel(entry=False)`` (called from compiled code only),
+    ``@kernel(inline=True)`` (inlined into its compiled callers) or
+    ``@kernel(linked=False)`` (compiled callers call its one copy by symbol)."""
     options: dict[str, Any] = {"cache": True, "nogil": True, "no_cfunc_wrapper": True}
     if not entry:
         options["no_cpython_wrapper"] = True
     if inline:
         options["inline"] = "always"
+    if inline and not linked:
+        raise ValueError("a kernel is either inlined into its callers or called by symbol")
     decorate = njit(**options)
-    return decorate if fn is None else decorate(fn)
+
+    def compile_it(f: F) -> Any:
+        if not linked:
+            if "." in f.__qualname__:  # _Resolve finds the kernel by module and name
+                raise ValueError(
+                    f"{f.__qualname__}: only a module-level kernel is called by symbol"
+                )
+            _BY_SYMBOL.add((f.__module__, f.__qualname__))
+        return decorate(f)
+
+    return compile_it if fn is None else compile_it(fn)
 
 
 class _PauseCollector(event.Listener):
@@ -115,6 +154,119 @@ def _tolerate_foreign_indexes() -> None:
 
 
 _tolerate_foreign_indexes()
+
+
+# ------------------------------------------------ kernels called by symbol
+_BY_SYMBOL: set[tuple[str, str]] = set()  # (module, name) of the linked=False kernels
+
+
+class _Stale(Exception):
+    """A cached caller's callee no longer fits it: the caller is a cache miss."""
+
+
+def _define(symbol: str, library: Any, name: str) -> None:
+    """Make ``symbol`` resolve to the function ``name`` of the compiled ``library``."""
+    from llvmlite import binding as ll
+
+    ll.add_symbol(symbol, library.get_pointer_to_function(name))
+
+
+@dataclass(frozen=True)
+class _Resolve:
+    """What a caller of a ``linked=False`` kernel runs before Numba loads the
+    caller from the cache (it is pickled with it): load or compile the kernel
+    ``module.name`` for ``argtypes`` and let ``symbol``, the name the caller
+    calls, resolve to it."""
+
+    module: str
+    name: str
+    argtypes: tuple
+    restype: Any
+    symbol: str
+
+    def __call__(self) -> None:
+        try:
+            dispatcher = getattr(importlib.import_module(self.module), self.name)
+            dispatcher.compile(self.argtypes)
+            cres = dispatcher.overloads[self.argtypes]
+        except Exception as exc:  # gone, or no longer compiles for these types
+            raise _Stale(f"{self.module}.{self.name}{self.argtypes}: {exc}") from exc
+        if cres.fndesc.restype != self.restype:
+            raise _Stale(f"{self.module}.{self.name} returns {cres.fndesc.restype}")
+        _define(self.symbol, cres.library, cres.fndesc.mangled_name)
+
+
+def _call_by_symbol(fndesc: Any, library: Any) -> Any:
+    """Numba's implementation of a call to a compiled function
+    (``numba.core.imputils.user_function``) without its library: the caller
+    declares the function, and records how to resolve it when it is loaded
+    from the cache (:class:`_Resolve`)."""
+    from numba.core import cgutils
+    from numba.core.imputils import fix_returning_optional, impl_ret_new_ref
+
+    _define(fndesc.mangled_name, library, fndesc.mangled_name)
+    resolve = _Resolve(
+        fndesc.modname, fndesc.qualname, tuple(fndesc.argtypes), fndesc.restype, fndesc.mangled_name
+    )
+
+    def imp(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        context.active_code_library._reload_init.add(resolve)
+        func = context.declare_function(builder.module, fndesc)
+        status, retval = context.call_conv.call_function(
+            builder, func, fndesc.restype, fndesc.argtypes, args
+        )
+        with cgutils.if_unlikely(builder, status.is_error):
+            context.call_conv.return_status_propagate(builder, status)
+        retval = fix_returning_optional(context, builder, sig, status, retval)
+        return impl_ret_new_ref(context, builder, fndesc.restype, retval)
+
+    imp.signature = fndesc.argtypes  # type: ignore[attr-defined]
+    imp.libs = ()  # type: ignore[attr-defined]
+    return imp
+
+
+def _install_calls_by_symbol() -> bool:
+    """Register ``linked=False`` kernels through :func:`_call_by_symbol`, and
+    make a :class:`_Stale` cached caller a miss. False (and Numba's linking
+    for every kernel) if this Numba lacks an internal it takes."""
+    try:
+        from numba.core import base, caching, cgutils, imputils  # noqa: F401
+
+        insert = base.BaseContext.insert_user_function
+        load = caching.Cache.load_overload
+    except (ImportError, AttributeError):
+        return False
+    uses = (
+        (imputils, "fix_returning_optional"),
+        (imputils, "impl_ret_new_ref"),
+        (base.BaseContext, "active_code_library"),
+        (base.BaseContext, "declare_function"),
+    )
+    if not all(hasattr(where, name) for where, name in uses):
+        return False
+    if getattr(insert, "swemu_by_symbol", False):
+        return True
+
+    def insert_user_function(self: Any, func: Any, fndesc: Any, libs: Any = ()) -> None:
+        if len(libs) == 1 and (fndesc.modname, fndesc.qualname) in _BY_SYMBOL:
+            impl = _call_by_symbol(fndesc, libs[0])
+            self._defns[func].append(impl, impl.signature)
+        else:
+            insert(self, func, fndesc, libs)
+
+    def load_overload(self: Any, sig: Any, target_context: Any) -> Any:
+        try:
+            return load(self, sig, target_context)
+        except _Stale:
+            return None
+
+    insert_user_function.swemu_by_symbol = True  # type: ignore[attr-defined]
+    base.BaseContext.insert_user_function = insert_user_function
+    caching.Cache.load_overload = load_overload
+    return True
+
+
+BY_SYMBOL = _install_calls_by_symbol()  # whether linked=False kernels are called by symbol
 
 
 class CompileWatch(event.Listener):
