@@ -62,7 +62,7 @@ class WorkerIO(NamedTuple):
     ts: np.ndarray
 
 
-@kernel
+@kernel(linked=False)
 def send_slots(fd, tx, send, n, slots):
     """Send the packets of the first ``n`` slots listed in ``send``: each slot's
     row, to its shard's port (``slots``, :class:`Slots`). Returns the count of

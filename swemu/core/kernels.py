@@ -121,7 +121,7 @@ def find_worker(addr_keys, addr_vals, ip, port):
     return ent
 
 
-@kernel
+@kernel(linked=False)
 def process_batch(pk, n, now, sw, row_addr, up):
     """Apply docs/protocol.md §2 to rows ``0..n-1`` of the batch ``pk``
     (:class:`~swemu.core.state.Packets`) on the switch ``sw``

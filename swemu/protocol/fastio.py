@@ -265,7 +265,7 @@ def send_batch(fd, tx, n, out):
     return sent
 
 
-@kernel
+@kernel(linked=False)
 def send_batch_gso(fd, tx, n, out):
     """:func:`send_batch` with UDP segmentation offload: datagrams of equal
     length to the same address travel as one message of up to ``tx.seg_max``
@@ -476,7 +476,7 @@ def enable_gro(sock: socket.socket) -> bool:
         return False
 
 
-@kernel
+@kernel(linked=False)
 def recv_rows(fd, g, rows, max_rows):
     """Fill up to ``max_rows`` of ``rows`` (:class:`Rows`) with received
     datagrams, cutting the coalesced messages of ``g`` (:class:`GroVec`) at

@@ -493,7 +493,7 @@ def _previous(s, c, nslots, is_float):
     return -1
 
 
-@kernel
+@kernel(linked=False)
 def on_results(addrs, lens, ok, n, now, ws):
     """Match a batch of received datagrams; store results, advance slots.
 
