@@ -130,3 +130,15 @@ def test_the_project_calls_its_big_kernels_by_symbol():
         ("swemu.protocol.worker.kernels", "on_results"),
         ("hostlib.fastpath", "send_slots"),
     } <= jit._BY_SYMBOL
+
+
+def test_a_cache_entry_that_cannot_be_rebuilt_is_a_miss(tmp_path):
+    """An entry another version of the project wrote (here: one cut short) is
+    compiled again, not an error at every start."""
+    (tmp_path / "caller.py").write_text(CALLER)
+    (tmp_path / "callee.py").write_text(CALLEE.format(tail=""))
+    assert _run(tmp_path)[0] == "48 [0, 6, 12, 18] compiled"
+    (entry,) = (tmp_path / "cache").rglob("caller.twice-*.nbc")
+    entry.write_bytes(entry.read_bytes()[:40])
+    assert _run(tmp_path)[0] == "48 [0, 6, 12, 18] compiled"
+    assert _run(tmp_path)[0] == "48 [0, 6, 12, 18] cached"

@@ -40,8 +40,10 @@ chosen in one place:
   calls: loading the caller loads (or compiles) that kernel first and gives it
   the symbol the caller names. A kernel that no longer fits (another return
   type after an edit, or it no longer compiles for those types) makes the
-  cached caller a miss: it compiles again. If Numba's internals this uses are
-  not there (another Numba version), the kernels are linked as Numba does.
+  cached caller a miss: it compiles again; so does any cache entry that this
+  version of the project cannot rebuild (one written by another). If Numba's
+  internals this uses are not there (another Numba version), the kernels are
+  linked as Numba does.
 
 A cache index written by another version of the project is a cache miss, not
 a crash: Numba unpickles each function's index before it compares the source
@@ -78,6 +80,7 @@ from numba import njit
 from numba.core import event
 
 F = TypeVar("F", bound=Callable[..., Any])
+_log = logging.getLogger(__name__)
 
 
 def kernel(
@@ -185,14 +188,15 @@ class _Resolve:
     symbol: str
 
     def __call__(self) -> None:
+        what = f"{self.module}.{self.name}"
         try:
             dispatcher = getattr(importlib.import_module(self.module), self.name)
             dispatcher.compile(self.argtypes)
             cres = dispatcher.overloads[self.argtypes]
         except Exception as exc:  # gone, or no longer compiles for these types
-            raise _Stale(f"{self.module}.{self.name}{self.argtypes}: {exc}") from exc
+            raise _Stale(f"{what}{self.argtypes}: {exc}") from exc
         if cres.fndesc.restype != self.restype:
-            raise _Stale(f"{self.module}.{self.name} returns {cres.fndesc.restype}")
+            raise _Stale(f"{what} now returns {cres.fndesc.restype}, not {self.restype}")
         _define(self.symbol, cres.library, cres.fndesc.mangled_name)
 
 
@@ -257,7 +261,10 @@ def _install_calls_by_symbol() -> bool:
     def load_overload(self: Any, sig: Any, target_context: Any) -> Any:
         try:
             return load(self, sig, target_context)
-        except _Stale:
+        except OSError:
+            raise  # the cache cannot be read: not ours to hide
+        except Exception as exc:  # _Stale, or an entry another version wrote
+            _log.debug("cache entry of %s%s not used: %s", self._name, sig, exc)
             return None
 
     insert_user_function.swemu_by_symbol = True  # type: ignore[attr-defined]
