@@ -21,6 +21,16 @@ from callee import scale
 @kernel
 def twice(a):
     return scale(a, 2) + scale(a, 3)
+
+
+@kernel
+def once(a, k):
+    return scale(a, k)
+
+
+@kernel
+def through(a, k):  # once is linked in, scale called by symbol
+    return once(a, k) + once(a, k + 1)
 """
 
 CALLEE = """\
@@ -44,12 +54,13 @@ import caller
 for i in range({bump}):  # other functions first: Numba numbers functions as they compile
     njit(lambda x, i=i: x + i)(1)
 a = np.arange(4)
-total = caller.twice(a)
-compiled = sum(caller.twice.stats.cache_misses.values()) > 0
+fn = caller.{fn}
+total = fn(a) if fn is caller.twice else fn(a, 2)
+compiled = sum(fn.stats.cache_misses.values()) > 0
 print(repr(total), a.tolist(), "compiled" if compiled else "cached")
 if compiled:
-    sig = caller.twice.signatures[0]
-    llvm = caller.twice.inspect_llvm(sig)
+    sig = fn.signatures[0]
+    llvm = fn.inspect_llvm(sig)
     callee = [line for line in llvm.splitlines() if "scale" in line and "@_ZN" in line]
     declared = [line for line in callee if line.startswith("declare")]
     defined = [line for line in callee if line.startswith("define")]
@@ -57,10 +68,10 @@ if compiled:
 """
 
 
-def _run(tmp: Path, bump: int = 0) -> list[str]:
+def _run(tmp: Path, bump: int = 0, fn: str = "twice") -> list[str]:
     env = child_env(NUMBA_CACHE_DIR=str(tmp / "cache"))
     env["PYTHONPATH"] = os.pathsep.join((str(tmp), env["PYTHONPATH"]))
-    (tmp / "main.py").write_text(MAIN.format(bump=bump))
+    (tmp / "main.py").write_text(MAIN.format(bump=bump, fn=fn))
     proc = subprocess.run(
         [sys.executable, str(tmp / "main.py")],
         env=env,
@@ -142,3 +153,17 @@ def test_a_cache_entry_that_cannot_be_rebuilt_is_a_miss(tmp_path):
     entry.write_bytes(entry.read_bytes()[:40])
     assert _run(tmp_path)[0] == "48 [0, 6, 12, 18] compiled"
     assert _run(tmp_path)[0] == "48 [0, 6, 12, 18] cached"
+
+
+def test_a_caller_that_linked_a_cached_callee_of_a_kernel_called_by_symbol_finds_it(tmp_path):
+    """``through`` links ``once``, which calls ``scale`` by symbol. Compiled
+    while ``once`` came from the cache, ``through`` must still carry how to
+    find ``scale`` (Numba rebuilds a cached library without it): a later
+    process that loads ``through`` before anything else crashed on the
+    unresolved symbol (an emulator started with a capture: ``step`` links
+    ``switch_batch``, which calls ``process_batch``)."""
+    (tmp_path / "caller.py").write_text(CALLER)
+    (tmp_path / "callee.py").write_text(CALLEE.format(tail=""))
+    assert _run(tmp_path, fn="once")[:2] == ["12 [0, 2, 4, 6] compiled", "by symbol"]
+    assert _run(tmp_path, fn="through")[0] == "48 [0, 6, 12, 18] compiled"
+    assert _run(tmp_path, fn="through")[0] == "48 [0, 6, 12, 18] cached"

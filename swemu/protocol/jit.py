@@ -38,10 +38,14 @@ chosen in one place:
   order they compile), so each caller carries, in what Numba runs before it
   loads one from the cache (``reload_init``), which kernel and signature it
   calls: loading the caller loads (or compiles) that kernel first and gives it
-  the symbol the caller names. A kernel that no longer fits (another return
+  the symbol the caller names. (A caller that links in another one inherits
+  its list; for a library loaded from the cache, which Numba rebuilds without
+  it, the list is put back.) A kernel that no longer fits (another return
   type after an edit, or it no longer compiles for those types) makes the
   cached caller a miss: it compiles again; so does any cache entry that this
-  version of the project cannot rebuild (one written by another). If Numba's
+  version of the project cannot rebuild (one written by another), and a
+  cached caller that would still call an unresolved symbol (checked before
+  LLVM loads it: LLVM aborts the process on one). If Numba's
   internals this uses are not there (another Numba version), the kernels are
   linked as Numba does.
 
@@ -200,6 +204,24 @@ class _Resolve:
         _define(self.symbol, cres.library, cres.fndesc.mangled_name)
 
 
+def _unresolved(module: Any) -> list[str]:
+    """The symbols of ``linked=False`` kernels that the LLVM ``module`` (of a
+    library loaded from the cache) calls and this process cannot resolve."""
+    from llvmlite import binding as ll
+
+    if not _BY_SYMBOL:
+        return []
+    prefixes = tuple(  # how Numba's mangled names of these functions begin
+        "_ZN" + "".join(f"{len(part)}{part}" for part in f"{mod}.{name}".split("."))
+        for mod, name in _BY_SYMBOL
+    )
+    return [
+        fn.name
+        for fn in module.functions
+        if fn.is_declaration and fn.name.startswith(prefixes) and not ll.address_of_symbol(fn.name)
+    ]
+
+
 def _call_by_symbol(fndesc: Any, library: Any) -> Any:
     """Numba's implementation of a call to a compiled function
     (``numba.core.imputils.user_function``) without its library: the caller
@@ -234,10 +256,11 @@ def _install_calls_by_symbol() -> bool:
     make a :class:`_Stale` cached caller a miss. False (and Numba's linking
     for every kernel) if this Numba lacks an internal it takes."""
     try:
-        from numba.core import base, caching, cgutils, imputils  # noqa: F401
+        from numba.core import base, caching, cgutils, codegen, imputils  # noqa: F401
 
         insert = base.BaseContext.insert_user_function
         load = caching.Cache.load_overload
+        finalize = codegen.CPUCodeLibrary._finalize_final_module
     except (ImportError, AttributeError):
         return False
     uses = (
@@ -260,16 +283,31 @@ def _install_calls_by_symbol() -> bool:
 
     def load_overload(self: Any, sig: Any, target_context: Any) -> Any:
         try:
-            return load(self, sig, target_context)
+            cres = load(self, sig, target_context)
         except OSError:
             raise  # the cache cannot be read: not ours to hide
         except Exception as exc:  # _Stale, or an entry another version wrote
             _log.debug("cache entry of %s%s not used: %s", self._name, sig, exc)
             return None
+        if cres is None:
+            return None
+        # Numba rebuilds a cached library without what it runs before a load; a
+        # caller compiled now links this library and must inherit how to resolve
+        # the symbols it calls
+        cres.library._reload_init.update(getattr(cres, "reload_init", ()))
+        return cres
+
+    def finalize_loaded(self: Any) -> None:
+        if self._shared_module is not None:  # loaded from the cache: its calls first
+            missing = _unresolved(self._shared_module)
+            if missing:  # LLVM would abort the process on them
+                raise _Stale(f"{', '.join(missing)} unresolved")
+        finalize(self)
 
     insert_user_function.swemu_by_symbol = True  # type: ignore[attr-defined]
     base.BaseContext.insert_user_function = insert_user_function
     caching.Cache.load_overload = load_overload
+    codegen.CPUCodeLibrary._finalize_final_module = finalize_loaded
     return True
 
 
