@@ -309,7 +309,7 @@ class FastIO:
         io = self.io
         total = 0
         while True:
-            n, more = fastio.receive(fd, io.cap, io.rows, io.rx)
+            n, more = fastio.receive_here(fd, io.cap, io.rows, io.rx)
             total += n
             if not more:
                 return total

@@ -565,3 +565,11 @@ def receive(fd, cap, rows, g):
     to compile on a first run, not a plain ``recvmmsg`` one beside it."""
     n = recv_rows(fd, g, rows, cap)
     return n, n == cap or g.cursor[Cursor.MORE] != 0
+
+
+def receive_here(fd: int, cap: int, rows: Rows, g: GroVec) -> tuple[int, bool]:
+    """:func:`receive` called from Python: its Python body, which calls the
+    compiled :func:`recv_rows`, so that :func:`receive` (inlined into the
+    compiled loops) never compiles on its own, on a first run or at a tapped
+    data plane's first packet."""
+    return receive.py_func(fd, cap, rows, g)

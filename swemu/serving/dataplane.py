@@ -430,7 +430,7 @@ class DataPlane:
         for _ in range(MAX_BATCHES_PER_WAKEUP):
             n = 0
             if self.fast:
-                n, _ = fastio.receive(sock.fileno(), self.capacity, b.rows, self._up_landing)
+                n, _ = fastio.receive_here(sock.fileno(), self.capacity, b.rows, self._up_landing)
             else:
                 while n < self.capacity:
                     try:
@@ -641,7 +641,7 @@ class DataPlane:
         for _ in range(MAX_BATCHES_PER_WAKEUP):
             more = False
             if self.fast:
-                n, more = fastio.receive(
+                n, more = fastio.receive_here(
                     self.sock.fileno(), self.capacity, b.rows, self._landing_copy
                 )
             else:
