@@ -24,7 +24,7 @@ import numpy as np
 
 from swemu.protocol import fastio
 from swemu.protocol.fastio import GroVec, Rows, TxVec
-from swemu.protocol.jit import kernel
+from swemu.protocol.jit import kernel, min2
 from swemu.protocol.rawmem import unowned
 from swemu.protocol.worker import kernels as K
 
@@ -199,11 +199,11 @@ def wait_and_pump(fd, bfd, clock, expected, no_progress, io, ws):
         clock[Clock.NOW] = now
         if counters[K.Counter.RESULTS] >= expected:
             return Run.DONE
-        due = min(K.next_deadline(ws.chunk, ws.deadline), clock[Clock.PROGRESS] + no_progress)
+        due = min2(K.next_deadline(ws.chunk, ws.deadline), clock[Clock.PROGRESS] + no_progress)
         own = True  # which sockets to read: both when a deadline is due
         shared = bfd >= 0
         if now < due:
-            wait = min(math.ceil((due - now) * 1000.0), WAIT_SLICE_MS)
+            wait = min2(math.ceil((due - now) * 1000.0), WAIT_SLICE_MS)
             pollfd[1] = fastio.POLLIN
             pollfd[2] = bfd  # negative: poll skips the entry
             pollfd[3] = fastio.POLLIN

@@ -41,7 +41,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import types
 
-from .jit import kernel
+from .jit import kernel, max2, min2
 
 MSG_DONTWAIT = 0x40
 AF_INET = socket.AF_INET
@@ -251,7 +251,7 @@ def send_batch(fd, tx, n, out):
     cap = hdr.shape[0]
     sent = 0
     while sent < n:
-        m = min(cap, n - sent)
+        m = min2(cap, n - sent)
         for i in range(m):
             d = sent + i
             iov[i, 0] = np.uint64(out.ptr[d])
@@ -500,7 +500,7 @@ def recv_rows(fd, g, rows, max_rows):
                 break  # the last receive was not full: the socket is (nearly) empty
             want = cap
             if cursor[Cursor.MEAN] > 0:  # as many messages as fill the landing budget
-                want = min(cap, max(GRO_LAND_MIN, GRO_LAND_BYTES // cursor[Cursor.MEAN]))
+                want = min2(cap, max2(GRO_LAND_MIN, GRO_LAND_BYTES // cursor[Cursor.MEAN]))
             for i in range(want):
                 hdr[i, 1] = 16
                 hdr[i, 4] = np.uint64(cmsg_ptr + CMSG_SPACE_U16 * i)
@@ -508,7 +508,7 @@ def recv_rows(fd, g, rows, max_rows):
             n = c_recvmmsg(fd, hdr.ctypes.data, want, MSG_DONTWAIT, 0)
             cursor[Cursor.NEXT] = 0
             cursor[Cursor.OFFSET] = 0
-            cursor[Cursor.LANDED] = max(n, 0)
+            cursor[Cursor.LANDED] = max2(n, 0)
             cursor[Cursor.MORE] = 1 if n == want else 0
             if n <= 0:
                 break
@@ -521,14 +521,14 @@ def recv_rows(fd, g, rows, max_rows):
                     seg = np.int32(cmsg[i, 2] & np.uint64(0xFFFFFFFF))
                 gso[i] = seg
                 g.mip[i], g.mport[i] = get_name(g.names, i)
-            cursor[Cursor.MEAN] = max(1, landed // n)
+            cursor[Cursor.MEAN] = max2(1, landed // n)
         i = cursor[Cursor.NEXT]
         off = cursor[Cursor.OFFSET]
         total = mlens[i]
         seg = total - off
         if gso[i] > 0 and gso[i] < seg:
             seg = gso[i]
-        keep = min(seg, row_len)
+        keep = min2(seg, row_len)
         if zero_copy:
             g.addr[r] = land.ctypes.data + i * land.strides[0] + off
         else:

@@ -115,6 +115,21 @@ def kernel(
     return compile_it if fn is None else compile_it(fn)
 
 
+@kernel(inline=True)
+def min2(a, b):
+    """``min(a, b)`` of two scalars (Python's: ``a`` unless ``b < a``), inlined:
+    Numba's builtin ``min``/``max`` compile a library of their own per pair of
+    argument types, and per kernel (nine of a worker warm-up's compilations)."""
+    return b if b < a else a
+
+
+@kernel(inline=True)
+def max2(a, b):
+    """``max(a, b)`` of two scalars (Python's: ``a`` unless ``b > a``), inlined
+    (see :func:`min2`)."""
+    return b if b > a else a
+
+
 class _PauseCollector(event.Listener):
     """Pauses the cyclic garbage collector from the start of the outermost
     Numba compilation to its end (callees compile inside their caller; Numba's

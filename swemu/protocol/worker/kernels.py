@@ -30,8 +30,8 @@ from swemu.protocol.header import (
     type_size_byte,
     write_header,
 )
-from swemu.protocol.jit import kernel
-from swemu.protocol.rawmem import bswap32, bytes_at, words_at
+from swemu.protocol.jit import kernel, max2, min2
+from swemu.protocol.rawmem import bswap32, bytes_at, int32s_at, words_at
 from swemu.protocol.wire import EXP_NONE, EXP_TSI_BASE, FORMAT_BIT, HEADER_LEN
 
 from . import block16, stream
@@ -128,12 +128,12 @@ def chunk_exponents(x, nvals, out):
     the chunk's own slice, which LLVM vectorizes (a float max with NaN checks it
     does not), and the exponent comes from the maximum's bits."""
     n = x.shape[0]
-    bits = x.view(np.int32)
+    bits = int32s_at(x.ctypes.data, n)  # (x.view: a library of its own to compile)
     nchunks = out.shape[0]
     status = 0
     for c in range(nchunks):
         lo = c * nvals
-        b = bits[lo : min(lo + nvals, n)]
+        b = bits[lo : min2(lo + nvals, n)]
         m = np.int32(0)
         for i in range(b.shape[0]):
             a = b[i] & np.int32(0x7FFFFFFF)
@@ -147,7 +147,7 @@ def chunk_exponents(x, nvals, out):
         if e > 127:
             status = 2
             e = 127
-        out[c] = max(e, -128)
+        out[c] = max2(e, -128)
     return status
 
 
@@ -187,7 +187,7 @@ def _fill_data(row, xi, xf, is_float, chunk, nvals, shared_exp, num_workers, lim
     ``xf[i]``/``p[i - lo]`` LLVM vectorizes them less well)."""
     n = xf.shape[0] if is_float else xi.shape[0]
     lo = chunk * nvals
-    hi = min(lo + nvals, n)
+    hi = min2(lo + nvals, n)
     m = hi - lo
     p = _payload(row, nvals)
     if is_float:
@@ -196,7 +196,7 @@ def _fill_data(row, xi, xf, is_float, chunk, nvals, shared_exp, num_workers, lim
         for i in range(m):
             q = np.rint(np.float64(xs[i]) * scale)
             # rounding can step past (2^31-1)/W by < 1; clamp so W terms never overflow
-            q = min(max(q, -limit), limit)
+            q = min2(max2(q, -limit), limit)
             # float64 -> int32 (q is in range): AVX2 converts four at a time, it
             # has no packed float64 -> int64 conversion (that loop ran scalar)
             p[i] = bswap32(np.uint32(np.int32(q)))
@@ -282,14 +282,14 @@ def _store32(ws, c, row, src, streaming):
     p = _payload(row, nvals)
     if ws.is_float:
         inv = 1.0 / _scale(ws.shared_exp[c], ws.num_workers)
-        o = ws.of[lo : min(lo + nvals, ws.of.shape[0])]
+        o = ws.of[lo : min2(lo + nvals, ws.of.shape[0])]
         a, b = _streamed_part(o, src, inv, True, streaming)
         for i in range(a):
             o[i] = np.float32(np.float64(np.int32(bswap32(p[i]))) * inv)
         for i in range(b, o.shape[0]):
             o[i] = np.float32(np.float64(np.int32(bswap32(p[i]))) * inv)
     else:
-        o = ws.oi[lo : min(lo + nvals, ws.oi.shape[0])]
+        o = ws.oi[lo : min2(lo + nvals, ws.oi.shape[0])]
         a, b = _streamed_part(o, src, 1.0, False, streaming)
         for i in range(a):
             o[i] = np.int32(bswap32(p[i]))
@@ -354,10 +354,10 @@ def timeout(rtt, rto_min, rto_max):
     """A new packet's timeout: ``srtt + 4 rttvar`` (RFC 6298) within
     ``[floor, rto_max]``; the floor is ``rto_min`` unless spurious timeouts
     raised it. Before the first sample, the floor itself."""
-    floor = max(rto_min, rtt[Rtt.FLOOR])
+    floor = max2(rto_min, rtt[Rtt.FLOOR])
     if rtt[Rtt.SAMPLES] == 0:
-        return min(floor, rto_max)
-    return min(max(floor, rtt[Rtt.SRTT] + 4.0 * rtt[Rtt.VAR]), rto_max)
+        return min2(floor, rto_max)
+    return min2(max2(floor, rtt[Rtt.SRTT] + 4.0 * rtt[Rtt.VAR]), rto_max)
 
 
 @kernel
@@ -370,7 +370,7 @@ def spurious(rtt, now, rto0, rto_max):
     at most once per timeout (one timer event gives a burst of duplicates), and
     decays again slowly."""
     if now - rtt[Rtt.RAISED] >= rto0:
-        rtt[Rtt.FLOOR] = min(2.0 * rto0, rto_max)
+        rtt[Rtt.FLOOR] = min2(2.0 * rto0, rto_max)
         rtt[Rtt.RAISED] = now
 
 
@@ -397,7 +397,7 @@ def backoff(tries, rto, backoff_after, rto_max):
     doubles, up to ``rto_max``, after every ``backoff_after`` of them
     (p4app-switchML doubles after 100). Returns the new timeout."""
     if tries % backoff_after == 0:
-        return min(rto * 2.0, rto_max)
+        return min2(rto * 2.0, rto_max)
     return rto
 
 
@@ -436,7 +436,7 @@ def start(now, ws):
     (:func:`timeout`)."""
     rto0 = timeout(ws.rtt, ws.rto_min, ws.rto_max)
     nslots = ws.nslots
-    used = min(nslots, ws.nchunks)
+    used = min2(nslots, ws.nchunks)
     n_send = 0
     for s in range(used):
         if ws.is_float:

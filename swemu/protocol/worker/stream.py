@@ -25,7 +25,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from swemu.protocol.jit import kernel
+from swemu.protocol.jit import kernel, min2
 
 LANES = 16  # words per streaming store: 64 bytes, one cache line
 LINE = 64
@@ -110,4 +110,4 @@ def aligned_head(addr, n):
     64-byte boundary (all ``n`` if ``addr`` is not even 4-byte aligned)."""
     if addr & 3:
         return n
-    return min(((-addr) & (LINE - 1)) >> 2, n)
+    return min2(((-addr) & (LINE - 1)) >> 2, n)

@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from swemu.protocol.jit import kernel
+from swemu.protocol.jit import kernel, max2, min2
 
 from .quant import INT32_MAX, LANE_MAX
 
@@ -67,12 +67,12 @@ def _check(y, world_size, iteration, kind, nvals):
     bad = 0
     worst = 0.0
     for lo in range(0, n, nvals):
-        hi = min(lo + nvals, n)
+        hi = min2(lo + nvals, n)
         bound = 0.0
         if kind != INT32:
             m = 0.0
             for i in range(lo, hi):
-                m = max(m, abs(_base_value(i, iteration, kind)))
+                m = max2(m, abs(_base_value(i, iteration, kind)))
             m *= world_size  # max|x| over the workers: rank W-1 contributes W * base
             if kind == FLOAT32:
                 bound = world_size * m * (world_size / INT32_MAX + 2.0**-24)
@@ -85,9 +85,9 @@ def _check(y, world_size, iteration, kind, nvals):
             if err > bound:
                 bad += 1
             if bound > 0:
-                worst = max(worst, err / bound)
+                worst = max2(worst, err / bound)
             elif err > 0:
-                worst = max(worst, math.inf)
+                worst = max2(worst, math.inf)
     return bad, worst
 
 
