@@ -40,14 +40,19 @@ chosen in one place:
   calls: loading the caller loads (or compiles) that kernel first and gives it
   the symbol the caller names. (A caller that links in another one inherits
   its list; for a library loaded from the cache, which Numba rebuilds without
-  it, the list is put back.) A kernel that no longer fits (another return
-  type after an edit, or it no longer compiles for those types) makes the
-  cached caller a miss: it compiles again; so does any cache entry that this
-  version of the project cannot rebuild (one written by another), and a
-  cached caller that would still call an unresolved symbol (checked before
-  LLVM loads it: LLVM aborts the process on one). If Numba's
-  internals this uses are not there (another Numba version), the kernels are
-  linked as Numba does.
+  it, the list is put back.)
+
+  A cached caller is a miss, and compiles again, when the kernel it calls no
+  longer fits it (another return type after an edit, or it no longer compiles
+  for those types), when this version of the project cannot rebuild the entry
+  (another version wrote it), and when it would still call a symbol nobody
+  defined (checked before LLVM loads it: LLVM aborts the process on one). If
+  the Numba internals this uses are not there (another Numba version), every
+  kernel is linked as Numba does.
+
+Two helpers for the same reason: :func:`min2` and :func:`max2`, since Numba's
+builtin ``min``/``max`` compile a library of their own per pair of argument
+types and per kernel.
 
 A cache index written by another version of the project is a cache miss, not
 a crash: Numba unpickles each function's index before it compares the source
@@ -66,7 +71,7 @@ them were 7 % of the emulator's first-run compile and 11 % of a worker's.
 
 Measured with ``python -m bench compile``; docs/performance.md has the figures.
 
-May import: numba.
+May import: numba (and llvmlite, which it brings).
 """
 
 from __future__ import annotations
