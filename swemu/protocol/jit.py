@@ -115,6 +115,9 @@ def kernel(
                     f"{f.__qualname__}: only a module-level kernel is called by symbol"
                 )
             _BY_SYMBOL.add((f.__module__, f.__qualname__))
+            # how Numba's mangled names of its compiled versions begin
+            parts = f"{f.__module__}.{f.__qualname__}".split(".")
+            _SYMBOL_PREFIXES.append("_ZN" + "".join(f"{len(p)}{p}" for p in parts))
         return decorate(f)
 
     return compile_it if fn is None else compile_it(fn)
@@ -185,6 +188,7 @@ _tolerate_foreign_indexes()
 
 # ------------------------------------------------ kernels called by symbol
 _BY_SYMBOL: set[tuple[str, str]] = set()  # (module, name) of the linked=False kernels
+_SYMBOL_PREFIXES: list[str] = []  # their symbols' beginnings (_unresolved)
 
 
 class _Stale(Exception):
@@ -229,12 +233,9 @@ def _unresolved(module: Any) -> list[str]:
     library loaded from the cache) calls and this process cannot resolve."""
     from llvmlite import binding as ll
 
-    if not _BY_SYMBOL:
+    if not _SYMBOL_PREFIXES:
         return []
-    prefixes = tuple(  # how Numba's mangled names of these functions begin
-        "_ZN" + "".join(f"{len(part)}{part}" for part in f"{mod}.{name}".split("."))
-        for mod, name in _BY_SYMBOL
-    )
+    prefixes = tuple(_SYMBOL_PREFIXES)
     return [
         fn.name
         for fn in module.functions
@@ -243,30 +244,23 @@ def _unresolved(module: Any) -> list[str]:
 
 
 def _call_by_symbol(fndesc: Any, library: Any) -> Any:
-    """Numba's implementation of a call to a compiled function
-    (``numba.core.imputils.user_function``) without its library: the caller
-    declares the function, and records how to resolve it when it is loaded
-    from the cache (:class:`_Resolve`)."""
-    from numba.core import cgutils
-    from numba.core.imputils import fix_returning_optional, impl_ret_new_ref
+    """Numba's own implementation of a call to a compiled function
+    (``numba.core.imputils.user_function``), given no library to link: the
+    caller declares the function; and the caller records how to resolve it
+    when it is loaded from the cache (:class:`_Resolve`)."""
+    from numba.core.imputils import user_function
 
     _define(fndesc.mangled_name, library, fndesc.mangled_name)
     resolve = _Resolve(
         fndesc.modname, fndesc.qualname, tuple(fndesc.argtypes), fndesc.restype, fndesc.mangled_name
     )
+    call = user_function(fndesc, ())
 
     def imp(context: Any, builder: Any, sig: Any, args: Any) -> Any:
         context.active_code_library._reload_init.add(resolve)
-        func = context.declare_function(builder.module, fndesc)
-        status, retval = context.call_conv.call_function(
-            builder, func, fndesc.restype, fndesc.argtypes, args
-        )
-        with cgutils.if_unlikely(builder, status.is_error):
-            context.call_conv.return_status_propagate(builder, status)
-        retval = fix_returning_optional(context, builder, sig, status, retval)
-        return impl_ret_new_ref(context, builder, fndesc.restype, retval)
+        return call(context, builder, sig, args)
 
-    imp.signature = fndesc.argtypes  # type: ignore[attr-defined]
+    imp.signature = call.signature  # type: ignore[attr-defined]
     imp.libs = ()  # type: ignore[attr-defined]
     return imp
 
@@ -276,7 +270,7 @@ def _install_calls_by_symbol() -> bool:
     make a :class:`_Stale` cached caller a miss. False (and Numba's linking
     for every kernel) if this Numba lacks an internal it takes."""
     try:
-        from numba.core import base, caching, cgutils, codegen, imputils  # noqa: F401
+        from numba.core import base, caching, codegen, imputils
 
         insert = base.BaseContext.insert_user_function
         load = caching.Cache.load_overload
@@ -284,10 +278,8 @@ def _install_calls_by_symbol() -> bool:
     except (ImportError, AttributeError):
         return False
     uses = (
-        (imputils, "fix_returning_optional"),
-        (imputils, "impl_ret_new_ref"),
+        (imputils, "user_function"),
         (base.BaseContext, "active_code_library"),
-        (base.BaseContext, "declare_function"),
     )
     if not all(hasattr(where, name) for where, name in uses):
         return False
