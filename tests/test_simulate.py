@@ -348,9 +348,10 @@ def test_per_call_and_per_packet_costs_are_split_from_two_runs():
 
 
 def test_calibrate_measures_our_kernels():
-    cal = calibrate.calibrate(
-        workers=2, size_code=3, window=16, nbytes=1 << 18, repeats=1, in_situ=False
-    )
+    # the default repeats: one pair of runs is a differential measurement that a
+    # noisy moment may push to the documented zero (a per-packet cost of 0.1 µs
+    # against 7 µs per call at this size); the best of three is what users get
+    cal = calibrate.calibrate(workers=2, size_code=3, window=16, nbytes=1 << 18, in_situ=False)
     for name in ("switch_kernel", "host_kernel", "send", "recv"):
         assert getattr(cal, name) > 0, name  # CPU was spent; how much is bench's business
     for name in ("switch_call", "host_call", "wakeup"):

@@ -28,8 +28,9 @@ Per-packet and per-call costs are separated by running the same lockstep
 allreduce (no sockets, no waiting) with batches of 64 and of 1 datagram. The
 kernels are warmed first (Numba, ``cache=True``). Costs are *CPU* time of the
 measuring thread (``time.thread_time``), so that other load on a shared machine
-does not inflate them, and the best of ``repeats`` runs; contention is the
-model's job (:func:`swemu.model.loopback.simulate_loopback`), not the calibration's. Scheduler
+does not inflate them, and the best of ``repeats`` runs of each batch size,
+alternating (see :func:`measure_kernels`); contention is the model's job
+(:func:`swemu.model.loopback.simulate_loopback`), not the calibration's. Scheduler
 behaviour beyond that model, and spurious retransmissions of a starved worker,
 show up as the prediction error in ``switchml simulate check``.
 
@@ -40,6 +41,7 @@ development machine) is used.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import platform
@@ -305,12 +307,24 @@ def measure_kernels(
     dtype: str = "float32",
     repeats: int = 3,
 ) -> dict[str, float]:
-    """Switch and host kernel costs per call and per packet (best of ``repeats``)."""
+    """Switch and host kernel costs per call and per packet (best of ``repeats``).
+
+    The per-packet part can be a few percent of a one-datagram call, so the runs
+    with batches of 64 and of 1 alternate in time (a drift in the machine's
+    speed, such as another process's cache traffic, then hits both alike), and
+    the garbage collector is off while they run (a collection inside a timed
+    call, likely in a process with a large heap, is not a kernel's cost)."""
     one_call = _lockstep(workers, size_code, window, nbytes, dtype)
     one_call(64)  # warm: compile or load the cached kernels, touch the pool
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        pairs = [(one_call(64), one_call(1)) for _ in range(repeats)]
+    finally:
+        if collecting:
+            gc.enable()
     best: dict[int, list] = {}
-    for cap in (64, 1):
-        runs = [one_call(cap) for _ in range(repeats)]
+    for cap, runs in zip((64, 1), zip(*pairs)):
         host = min(runs, key=lambda r: r[0])
         sw = min(runs, key=lambda r: r[2])
         best[cap] = [(host[0], host[1], host[4]), (sw[2], sw[3], sw[5])]
