@@ -144,12 +144,12 @@ def dequantize16(total: np.ndarray, exp: int, num_workers: int, dtype: str = "fl
     bfloat16 comes back as its uint16 bit patterns, numpy having no such type)."""
     w, lanes = num_workers, offset16(num_workers)
     s = np.asarray(total, np.int64) - w * lanes
-    y = (s.astype(np.float64) * (np.ldexp(1.0, exp) / lanes)).astype(np.float32)
+    with np.errstate(over="ignore"):  # past a type's range the result is ±inf, as meant
+        y = (s.astype(np.float64) * (np.ldexp(1.0, exp) / lanes)).astype(np.float32)
+        if dtype == "float16":
+            return y.astype(np.float16)
     if dtype == "float32":
         return y
-    if dtype == "float16":
-        with np.errstate(over="ignore"):  # past float16's range the result is ±inf, as meant
-            return y.astype(np.float16)
     if dtype == "bfloat16":
         return bfloat16_bits(y)
     raise ValueError(f"dtype must be float32, float16 or bfloat16, not {dtype!r}")
