@@ -95,14 +95,19 @@ async def test_stats_of_both_levels_travel_as_the_switch_built_them():
     assert cjob["uplink"] == "%s:%d" % (rjob["workers"][0]["ip"], rjob["workers"][0]["udp_port"])
     assert "parent" not in rjob and all("child" not in w for w in cjob["workers"])
     up = cjob["counters"]
-    assert up["up_sent"] == up["up_results"] == 2 * CHUNKS and up["up_ignored"] == 0
+    # the uplink's 20 ms timer may fire while this one loop is busy: a resend, whose
+    # duplicate result is ignored; first sends and results are exact regardless
+    resent, ignored = up["up_retransmissions"], up["up_ignored"]
+    assert up["up_sent"] == up["up_results"] == 2 * CHUNKS and 0 <= ignored <= resent
     assert cjob["counters"]["aggregated"] == W * 2 * CHUNKS
     assert rjob["counters"]["aggregated"] == rjob["counters"]["multicast"] == 2 * CHUNKS
 
     child_view = text_of(render(c))
     assert f"child of {root_ctl}" in child_view and "every job goes up" in child_view
     assert f"up to {r['data_address']} from {cjob['uplink']}" in child_view
-    assert f"sent {2 * CHUNKS}   resent 0   results {2 * CHUNKS}   ignored 0" in child_view
+    assert f"sent {2 * CHUNKS}   resent {resent}   results {2 * CHUNKS}   ignored {ignored}" in (
+        child_view
+    )
     assert f"from workers {W * 2 * CHUNKS}   from child switches 0" in child_view
     root_view = text_of(render(r))
     assert "fabric: root" in root_view and f"children {child_ctl}" in root_view

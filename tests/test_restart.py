@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from workers import restart_loop
+from workers import RESTART_PATIENCE, restart_loop
 
 from hostlib.pytest_plugin import run_workers
 from swemu.launch import EmulatorProcess, child_env
@@ -162,7 +162,13 @@ def test_int32_loop_survives_restarts_at_seeded_points(seed):
     plan = seeded_plan(seed, iters)
     try:
         wrong = run_with_kills(
-            emu, plan, iters=iters, n=300_000, dtype="int32", window=24, no_progress=20
+            emu,
+            plan,
+            iters=iters,
+            n=300_000,
+            dtype="int32",
+            window=24,
+            no_progress=RESTART_PATIENCE,
         )
     finally:
         emu.stop()
@@ -181,7 +187,14 @@ def test_float32_results_equal_an_uninterrupted_jobs():
     plan = mid_call_plan(1, (1, 4))
     try:
         wrong = run_with_kills(
-            emu, plan, iters=iters, n=200_000, dtype="float32", packet_size=6, window=16
+            emu,
+            plan,
+            iters=iters,
+            n=200_000,
+            dtype="float32",
+            packet_size=6,
+            window=16,
+            no_progress=RESTART_PATIENCE,
         )
     finally:
         emu.stop()
@@ -218,7 +231,16 @@ def test_a_fresh_switch_elsewhere_takes_the_job_over():
     plan = mid_call_plan(2, (2, 5))
     control = emu.emu.control
     try:
-        wrong = run_with_kills(emu, plan, iters=8, n=200_000, dtype="int32", window=16, switch=None)
+        wrong = run_with_kills(
+            emu,
+            plan,
+            iters=8,
+            n=200_000,
+            dtype="int32",
+            window=16,
+            switch=None,
+            no_progress=RESTART_PATIENCE,
+        )
     finally:
         emu.stop()
     assert plan.fired == [2, 5]
@@ -244,6 +266,8 @@ def train(tmp: Path, emu: Restarter, mode: str, kill_at: int | None) -> list[byt
         emu.emu.switch,
         "--control",
         emu.emu.control,
+        "--no-progress",
+        str(RESTART_PATIENCE),
         "--",
         sys.executable,
         str(Path(__file__).parent / "restart_training.py"),
