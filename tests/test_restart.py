@@ -50,7 +50,15 @@ class Restarter:
 
 
 def run_with_kills(
-    emu: Restarter, plan, *, iters: int, n: int, dtype: str, switch: str | None = "", **connect
+    emu: Restarter,
+    plan,
+    *,
+    iters: int,
+    n: int,
+    dtype: str,
+    switch: str | None = "",
+    no_progress: float = RESTART_PATIENCE,
+    **connect,
 ):
     """Run ``restart_loop`` on W ranks; ``plan(event, restart, go)`` sees every
     progress event ``(rank, call, what)`` and calls ``restart()`` when it wants
@@ -76,6 +84,7 @@ def run_with_kills(
                 go,
                 timeout=180.0,
                 session_id=0x5EED,
+                no_progress=no_progress,
                 **connect,
             )
         except BaseException as exc:
@@ -161,15 +170,7 @@ def test_int32_loop_survives_restarts_at_seeded_points(seed):
     iters = 12
     plan = seeded_plan(seed, iters)
     try:
-        wrong = run_with_kills(
-            emu,
-            plan,
-            iters=iters,
-            n=300_000,
-            dtype="int32",
-            window=24,
-            no_progress=RESTART_PATIENCE,
-        )
+        wrong = run_with_kills(emu, plan, iters=iters, n=300_000, dtype="int32", window=24)
     finally:
         emu.stop()
     assert plan.fired[:3] == ["before", "during", "after"], plan.fired
@@ -187,14 +188,7 @@ def test_float32_results_equal_an_uninterrupted_jobs():
     plan = mid_call_plan(1, (1, 4))
     try:
         wrong = run_with_kills(
-            emu,
-            plan,
-            iters=iters,
-            n=200_000,
-            dtype="float32",
-            packet_size=6,
-            window=16,
-            no_progress=RESTART_PATIENCE,
+            emu, plan, iters=iters, n=200_000, dtype="float32", packet_size=6, window=16
         )
     finally:
         emu.stop()
@@ -231,16 +225,7 @@ def test_a_fresh_switch_elsewhere_takes_the_job_over():
     plan = mid_call_plan(2, (2, 5))
     control = emu.emu.control
     try:
-        wrong = run_with_kills(
-            emu,
-            plan,
-            iters=8,
-            n=200_000,
-            dtype="int32",
-            window=16,
-            switch=None,
-            no_progress=RESTART_PATIENCE,
-        )
+        wrong = run_with_kills(emu, plan, iters=8, n=200_000, dtype="int32", window=16, switch=None)
     finally:
         emu.stop()
     assert plan.fired == [2, 5]
